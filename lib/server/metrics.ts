@@ -1,0 +1,176 @@
+/**
+ * Prometheus metrics with upstream kube-proxy's names, types, buckets and labels
+ * (`pkg/proxy/metrics/metrics.go`; reference §4). One registry per process; tests read it through
+ * {@linkcode metricsText}.
+ * @module
+ */
+import client from "prom-client";
+
+/** The process-wide registry served on `/metrics`. */
+export const registry: client.Registry = new client.Registry();
+
+const exp = (start: number, factor: number, count: number) => client.exponentialBuckets(start, factor, count);
+
+function programmingBuckets(): number[] {
+  const b = [0.25, 0.5];
+  for (let s = 1; s <= 59; s++) b.push(s);
+  for (let s = 60; s <= 115; s += 5) b.push(s);
+  for (let s = 120; s <= 300; s += 30) b.push(s);
+  return b;
+}
+
+const syncBuckets = exp(0.001, 2, 15);
+const family = ["ip_family"] as const;
+
+export const syncProxyRulesDuration = new client.Histogram({
+  name: "kubeproxy_sync_proxy_rules_duration_seconds",
+  help: "[ALPHA] SyncProxyRules latency in seconds",
+  labelNames: family,
+  buckets: syncBuckets,
+  registers: [registry],
+});
+
+export const syncFullProxyRulesDuration = new client.Histogram({
+  name: "kubeproxy_sync_full_proxy_rules_duration_seconds",
+  help: "[ALPHA] SyncProxyRules latency in seconds for full resyncs",
+  labelNames: family,
+  buckets: syncBuckets,
+  registers: [registry],
+});
+
+export const syncPartialProxyRulesDuration = new client.Histogram({
+  name: "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+  help: "[ALPHA] SyncProxyRules latency in seconds for partial resyncs",
+  labelNames: family,
+  buckets: syncBuckets,
+  registers: [registry],
+});
+
+export const syncProxyRulesLastTimestamp = new client.Gauge({
+  name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+  help: "[ALPHA] The last time proxy rules were successfully synced",
+  labelNames: family,
+  registers: [registry],
+});
+
+export const syncProxyRulesLastQueuedTimestamp = new client.Gauge({
+  name: "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+  help: "[ALPHA] The last time a sync of proxy rules was queued",
+  labelNames: family,
+  registers: [registry],
+});
+
+export const networkProgrammingDuration = new client.Histogram({
+  name: "kubeproxy_network_programming_duration_seconds",
+  help: "[ALPHA] In Cluster Network Programming Latency in seconds",
+  labelNames: family,
+  buckets: programmingBuckets(),
+  registers: [registry],
+});
+
+export const endpointChangesPending = new client.Gauge({
+  name: "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+  help: "[ALPHA] Pending proxy rules Endpoint changes",
+  registers: [registry],
+});
+
+export const endpointChangesTotal = new client.Counter({
+  name: "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+  help: "[ALPHA] Cumulative proxy rules Endpoint changes",
+  registers: [registry],
+});
+
+export const serviceChangesPending = new client.Gauge({
+  name: "kubeproxy_sync_proxy_rules_service_changes_pending",
+  help: "[ALPHA] Pending proxy rules Service changes",
+  registers: [registry],
+});
+
+export const serviceChangesTotal = new client.Counter({
+  name: "kubeproxy_sync_proxy_rules_service_changes_total",
+  help: "[ALPHA] Cumulative proxy rules Service changes",
+  registers: [registry],
+});
+
+export const noLocalEndpointsTotal = new client.Gauge({
+  name: "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+  help: "[ALPHA] Number of services with a Local traffic policy and no endpoints",
+  labelNames: ["ip_family", "traffic_policy"] as const,
+  registers: [registry],
+});
+
+export const iptablesRestoreFailuresTotal = new client.Counter({
+  name: "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+  help: "[ALPHA] Cumulative proxy iptables restore failures",
+  labelNames: family,
+  registers: [registry],
+});
+
+export const iptablesPartialRestoreFailuresTotal = new client.Counter({
+  name: "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+  help: "[ALPHA] Cumulative proxy iptables partial restore failures",
+  labelNames: family,
+  registers: [registry],
+});
+
+export const iptablesRulesTotal = new client.Gauge({
+  name: "kubeproxy_sync_proxy_rules_iptables_total",
+  help: "[ALPHA] Total number of iptables rules owned by kube-proxy",
+  labelNames: ["ip_family", "table"] as const,
+  registers: [registry],
+});
+
+export const iptablesRulesLastSync = new client.Gauge({
+  name: "kubeproxy_sync_proxy_rules_iptables_last",
+  help: "[ALPHA] Number of iptables rules written by kube-proxy in last sync",
+  labelNames: ["ip_family", "table"] as const,
+  registers: [registry],
+});
+
+export const nftablesSyncFailuresTotal = new client.Counter({
+  name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+  help: "[ALPHA] Cumulative proxy nftables sync failures",
+  labelNames: family,
+  registers: [registry],
+});
+
+export const nftablesCleanupFailuresTotal = new client.Counter({
+  name: "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+  help: "[ALPHA] Cumulative proxy nftables cleanup failures",
+  labelNames: family,
+  registers: [registry],
+});
+
+export const conntrackReconcilerSyncDuration = new client.Histogram({
+  name: "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+  help: "[ALPHA] ReconcileConntrackFlowsLatency latency in seconds",
+  labelNames: family,
+  buckets: syncBuckets,
+  registers: [registry],
+});
+
+export const conntrackReconcilerDeletedEntriesTotal = new client.Counter({
+  name: "kubeproxy_conntrack_reconciler_deleted_entries_total",
+  help: "[ALPHA] Cumulative conntrack flows deleted by conntrack reconciler",
+  labelNames: family,
+  registers: [registry],
+});
+
+export const proxyHealthzTotal = new client.Counter({
+  name: "kubeproxy_proxy_healthz_total",
+  help: "[ALPHA] Cumulative proxy healthz HTTP status",
+  labelNames: ["code"] as const,
+  registers: [registry],
+});
+
+export const proxyLivezTotal = new client.Counter({
+  name: "kubeproxy_proxy_livez_total",
+  help: "[ALPHA] Cumulative proxy livez HTTP status",
+  labelNames: ["code"] as const,
+  registers: [registry],
+});
+
+/** The exposition text of every registered metric. */
+export function metricsText(): Promise<string> {
+  return registry.metrics();
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what deno-kube-proxy needs on a fresh machine, and nothing global besides apt packages:
+#   - Deno, pinned below (the only place the version is written), from the npm registry, into
+#     $DKP_TOOLS (default ~/.cache/deno-kube-proxy); skipped when that exact version is there.
+#   - the netfilter tools the agent and the tests spawn (apt, only when missing and run as root).
+# Prints the path of the deno binary on its last line.
+set -euo pipefail
+
+DENO_VERSION=2.9.6
+DKP_TOOLS=${DKP_TOOLS:-$HOME/.cache/deno-kube-proxy}
+prefix="$DKP_TOOLS/deno-$DENO_VERSION"
+deno_bin="$prefix/node_modules/@deno/linux-x64-glibc/deno"
+
+log() { echo "install: $*" >&2; }
+
+if [ ! -x "$deno_bin" ] || ! "$deno_bin" --version 2>/dev/null | grep -q "^deno $DENO_VERSION "; then
+  log "installing deno $DENO_VERSION from the npm registry into $prefix"
+  command -v npm >/dev/null || { log "npm is required to install deno"; exit 1; }
+  mkdir -p "$prefix"
+  npm install --no-save --no-audit --no-fund --loglevel=error --prefix "$prefix" \
+    "deno@$DENO_VERSION" "@deno/linux-x64-glibc@$DENO_VERSION" >&2
+fi
+mkdir -p "$DKP_TOOLS/bin"
+ln -sf "$deno_bin" "$DKP_TOOLS/bin/deno"
+
+# System tools: command -> Debian package.
+declare -A tools=(
+  [iptables-restore]=iptables [nft]=nftables [ipset]=ipset [conntrack]=conntrack
+  [ipvsadm]=ipvsadm [ip]=iproute2 [sysctl]=procps [choom]=util-linux
+)
+missing=()
+for t in "${!tools[@]}"; do
+  command -v "$t" >/dev/null 2>&1 || missing+=("${tools[$t]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing ${missing[*]} with apt"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  else
+    log "missing system tools (${missing[*]}); dataplane tests will be skipped without them"
+  fi
+fi
+echo "$deno_bin"
