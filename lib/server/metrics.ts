@@ -174,3 +174,15 @@ export const proxyLivezTotal = new client.Counter({
 export function metricsText(): Promise<string> {
   return registry.metrics();
 }
+
+/**
+ * Failed syncs of any dataplane, per family. Not an upstream metric (upstream counts failures per
+ * backend: `..._iptables_restore_failures_total`, `..._nftables_sync_failures_total`); the `denokubeproxy_`
+ * prefix keeps it apart from upstream names.
+ */
+export const syncFailuresTotal = new client.Counter({
+  name: "denokubeproxy_sync_proxy_rules_failures_total",
+  help: "Cumulative failed proxy rule syncs (any dataplane)",
+  labelNames: family,
+  registers: [registry],
+});

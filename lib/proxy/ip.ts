@@ -1,0 +1,143 @@
+/**
+ * Small IP and CIDR helpers with Go's `netutils.ParseIPSloppy` / `ParseCIDRSloppy` leniency (IPv4 octets
+ * may carry leading zeros) and Go's canonical printing (IPv6 compressed and lower case, CIDRs masked).
+ * @module
+ */
+import type { IPFamily } from "./types.ts";
+
+/** A parsed IP: canonical text and family. */
+export interface ParsedIP {
+  readonly ip: string;
+  readonly family: IPFamily;
+}
+
+/** A parsed CIDR: canonical masked text (`10.0.0.0/8`), family and prefix length. */
+export interface ParsedCIDR {
+  readonly cidr: string;
+  readonly family: IPFamily;
+  readonly prefix: number;
+}
+
+function parseIPv4Octets(s: string): number[] | null {
+  const parts = s.split(".");
+  if (parts.length !== 4) return null;
+  const out: number[] = [];
+  for (const p of parts) {
+    if (p.length === 0 || p.length > 3 || !/^[0-9]+$/.test(p)) return null;
+    const n = Number(p);
+    if (n > 255) return null;
+    out.push(n);
+  }
+  return out;
+}
+
+/** Parses IPv6 text into 8 hextets; null when invalid. Accepts an embedded IPv4 tail. */
+function parseIPv6Hextets(s: string): number[] | null {
+  if (s.length < 2 || s.length > 45 || s.includes("%")) return null;
+  let text = s;
+  let tail: number[] = [];
+  const lastColon = text.lastIndexOf(":");
+  if (text.slice(lastColon + 1).includes(".")) {
+    const v4 = parseIPv4Octets(text.slice(lastColon + 1));
+    if (!v4) return null;
+    tail = [(v4[0] << 8) | v4[1], (v4[2] << 8) | v4[3]];
+    text = text.slice(0, lastColon + 1);
+    if (!text.endsWith("::")) text = text.slice(0, -1);
+  }
+  const halves = text.split("::");
+  if (halves.length > 2) return null;
+  const parseGroups = (h: string): number[] | null => {
+    if (h === "") return [];
+    const out: number[] = [];
+    for (const g of h.split(":")) {
+      if (!/^[0-9a-fA-F]{1,4}$/.test(g)) return null;
+      out.push(parseInt(g, 16));
+    }
+    return out;
+  };
+  const head = parseGroups(halves[0]);
+  if (!head) return null;
+  if (halves.length === 1) {
+    const all = [...head, ...tail];
+    return all.length === 8 ? all : null;
+  }
+  const rest = parseGroups(halves[1]);
+  if (!rest) return null;
+  const known = head.length + rest.length + tail.length;
+  if (known > 7) return null;
+  return [...head, ...new Array(8 - known).fill(0), ...rest, ...tail];
+}
+
+function formatIPv6(h: number[]): string {
+  // RFC 5952 / Go: compress the longest run (length >= 2) of zero groups, first one on ties.
+  let bestStart = -1;
+  let bestLen = 0;
+  for (let i = 0; i < 8;) {
+    if (h[i] !== 0) {
+      i++;
+      continue;
+    }
+    let j = i;
+    while (j < 8 && h[j] === 0) j++;
+    if (j - i > bestLen && j - i >= 2) {
+      bestStart = i;
+      bestLen = j - i;
+    }
+    i = j;
+  }
+  const hex = h.map((x) => x.toString(16));
+  if (bestStart < 0) return hex.join(":");
+  return `${hex.slice(0, bestStart).join(":")}::${hex.slice(bestStart + bestLen).join(":")}`;
+}
+
+/** Parses an IP address; null when it is not one. IPv4-mapped IPv6 counts as IPv4, as in Go. */
+export function parseIP(s: string): ParsedIP | null {
+  if (typeof s !== "string") return null;
+  if (!s.includes(":")) {
+    const o = parseIPv4Octets(s);
+    return o ? { ip: o.join("."), family: "IPv4" } : null;
+  }
+  const h = parseIPv6Hextets(s);
+  if (!h) return null;
+  if (h.slice(0, 5).every((x) => x === 0) && h[5] === 0xffff) {
+    return { ip: `${h[6] >> 8}.${h[6] & 255}.${h[7] >> 8}.${h[7] & 255}`, family: "IPv4" };
+  }
+  return { ip: formatIPv6(h), family: "IPv6" };
+}
+
+/** Parses a CIDR and masks the address (Go's `ipnet.String()`); null when invalid. */
+export function parseCIDR(s: string): ParsedCIDR | null {
+  if (typeof s !== "string") return null;
+  const slash = s.indexOf("/");
+  if (slash < 0) return null;
+  const addr = s.slice(0, slash);
+  const bits = s.slice(slash + 1);
+  if (!/^[0-9]{1,3}$/.test(bits)) return null;
+  const prefix = Number(bits);
+  if (!addr.includes(":")) {
+    const o = parseIPv4Octets(addr);
+    if (!o || prefix > 32) return null;
+    const masked = o.map((x, i) => {
+      const keep = Math.max(0, Math.min(8, prefix - i * 8));
+      return x & ((0xff << (8 - keep)) & 0xff);
+    });
+    return { cidr: `${masked.join(".")}/${prefix}`, family: "IPv4", prefix };
+  }
+  const h = parseIPv6Hextets(addr);
+  if (!h || prefix > 128) return null;
+  const masked = h.map((x, i) => {
+    const keep = Math.max(0, Math.min(16, prefix - i * 16));
+    return x & ((0xffff << (16 - keep)) & 0xffff);
+  });
+  return { cidr: `${formatIPv6(masked)}/${prefix}`, family: "IPv6", prefix };
+}
+
+/** The family of an IP string without validating it fully (as Go's `IsIPv6String` on valid input). */
+export function familyOf(ip: string): IPFamily {
+  return ip.includes(":") ? "IPv6" : "IPv4";
+}
+
+/** `net.JoinHostPort(ip, port)`: brackets around IPv6. */
+export function joinHostPort(ip: string, port: number): string {
+  return ip.includes(":") ? `[${ip}]:${port}` : `${ip}:${port}`;
+}

@@ -1,0 +1,476 @@
+/**
+ * The dataplane-independent proxier: informer handlers → change trackers → bounded-frequency runner →
+ * one {@linkcode ProxySnapshot} per IP family → `Dataplane.sync`, followed by the side outputs
+ * (conntrack cleanup, proxy and service health, metrics).
+ *
+ * Rules kept from upstream: nothing is synced before both Services and EndpointSlices have synced
+ * (never blackhole on start); a failed sync is logged, counted, retried after syncPeriod, and the next
+ * sync is full (the trackers were already drained); full syncs also happen on the first sync, on a
+ * topology-label change of the Node, when the dataplane reports external flushing, and every
+ * fullSyncPeriod (1 h). Endpoint selection is done here once per service port and cached until the
+ * Service, its endpoints or the node topology change.
+ * @module
+ */
+import type { EndpointSlice, Node, Service } from "../kube/types.ts";
+import { log } from "../log.ts";
+import {
+  networkProgrammingDuration,
+  noLocalEndpointsTotal,
+  syncFailuresTotal,
+  syncFullProxyRulesDuration,
+  syncPartialProxyRulesDuration,
+  syncProxyRulesDuration,
+  syncProxyRulesLastQueuedTimestamp,
+  syncProxyRulesLastTimestamp,
+} from "../server/metrics.ts";
+import type { ProxyHealthUpdater } from "../server/health.ts";
+import type { ServiceHealthUpdater } from "../server/service_health.ts";
+import { EndpointsChangeTracker, ServiceChangeTracker } from "./change_tracker.ts";
+import { type Clock, realClock, type TimerId } from "./clock.ts";
+import { portKey } from "./endpoint_slice_cache.ts";
+import { nodeIPsOfFamily, topologyLabels } from "./node_manager.ts";
+import { BoundedFrequencyRunner } from "./runner.ts";
+import type { InvalidServiceCallback } from "./service_port.ts";
+import { categorizeEndpoints } from "./topology.ts";
+import type {
+  Dataplane,
+  EndpointInfo,
+  IPFamily,
+  NodeState,
+  ProxySnapshot,
+  ServicePortState,
+  SyncResult,
+} from "./types.ts";
+
+/** Upstream `proxyutil.FullSyncPeriod`. */
+export const FULL_SYNC_PERIOD_MS = 60 * 60 * 1000;
+
+/** Options of {@linkcode Proxier}. */
+export interface ProxierOptions {
+  /** One dataplane per IP family served (one entry single-stack, two dual-stack). */
+  families: Map<IPFamily, Dataplane>;
+  nodeName: string;
+  /** Minimum time from the end of one sync to the start of the next. */
+  minSyncPeriodMs: number;
+  /** Retry interval after a failure, and how often `needsFullSync()` is polled. */
+  syncPeriodMs: number;
+  /** Longest time between two runs, and age after which a sync is full. @default 3600000 */
+  fullSyncPeriodMs?: number;
+  clock?: Clock;
+  healthServer?: ProxyHealthUpdater;
+  serviceHealthServer?: ServiceHealthUpdater;
+  /** Stale UDP conntrack cleanup, called after a successful sync in which UDP endpoints changed. */
+  conntrackCleaner?: (snapshot: ProxySnapshot) => Promise<void>;
+  /** Called for Services with unusable fields (main.ts emits an Event). */
+  onInvalidService?: InvalidServiceCallback;
+  /** Feature gate PreferSameTrafficDistribution (node hints). @default true */
+  preferSameTrafficDistribution?: boolean;
+}
+
+interface FamilyState {
+  family: IPFamily;
+  dataplane: Dataplane;
+  services: ServiceChangeTracker;
+  endpoints: EndpointsChangeTracker;
+  /** Cached ServicePortStates per Service `ns/name`. */
+  states: Map<string, ServicePortState[]>;
+  needFullSync: boolean;
+  lastFullSyncAt: number | null;
+  lastSnapshot: ProxySnapshot | null;
+}
+
+/** Orchestrates the sync loop for every family. */
+export class Proxier {
+  readonly #clock: Clock;
+  readonly #families: FamilyState[] = [];
+  readonly #runner: BoundedFrequencyRunner;
+  readonly #fullSyncPeriodMs: number;
+  #servicesSynced = false;
+  #endpointSlicesSynced = false;
+  #nodeLabels: Record<string, string> = {};
+  #topology: Record<string, string> = {};
+  #node: Node | undefined;
+  /** Recompute every selection on the next sync (node topology changed). */
+  #selectionStale = false;
+  #pollTimer: TimerId | null = null;
+  #started = false;
+  #syncCount = 0;
+  #failureCount = 0;
+
+  constructor(private readonly opts: ProxierOptions) {
+    if (opts.families.size === 0) throw new TypeError("Proxier needs at least one IP family");
+    this.#clock = opts.clock ?? realClock;
+    this.#fullSyncPeriodMs = opts.fullSyncPeriodMs ?? FULL_SYNC_PERIOD_MS;
+    const start = this.#clock.now();
+    const onInvalid = opts.onInvalidService ? this.#dedupInvalid(opts.onInvalidService) : undefined;
+    let first = true;
+    for (const [family, dataplane] of opts.families) {
+      if (dataplane.family !== family) {
+        throw new TypeError(`dataplane for ${family} reports family ${dataplane.family}`);
+      }
+      this.#families.push({
+        family,
+        dataplane,
+        services: new ServiceChangeTracker(family, onInvalid, first),
+        endpoints: new EndpointsChangeTracker(opts.nodeName, family, start, first),
+        states: new Map(),
+        needFullSync: true,
+        lastFullSyncAt: null,
+        lastSnapshot: null,
+      });
+      first = false;
+    }
+    this.#runner = new BoundedFrequencyRunner("sync-runner", () => this.#syncAll(), {
+      minIntervalMs: opts.minSyncPeriodMs,
+      retryIntervalMs: opts.syncPeriodMs,
+      maxIntervalMs: Math.max(this.#fullSyncPeriodMs, opts.minSyncPeriodMs),
+      clock: this.#clock,
+    });
+  }
+
+  /** Reports each (Service version, reason) once even though every family parses the Service. */
+  #dedupInvalid(cb: InvalidServiceCallback): InvalidServiceCallback {
+    const seen = new Set<string>();
+    return (svc, reason) => {
+      const id =
+        `${svc.metadata?.namespace}/${svc.metadata?.name}@${svc.metadata?.resourceVersion}|${reason}`;
+      if (seen.has(id)) return;
+      if (seen.size > 10_000) seen.clear();
+      seen.add(id);
+      cb(svc, reason);
+    };
+  }
+
+  // ---- informer handlers ------------------------------------------------------------------------
+
+  /** Service informer: added. */
+  onServiceAdd(svc: Service): void {
+    this.onServiceUpdate(null, svc);
+  }
+
+  /** Service informer: updated (`old` null for an add). */
+  onServiceUpdate(old: Service | null, svc: Service | null): void {
+    let pending = false;
+    for (const f of this.#families) pending = f.services.update(old, svc) || pending;
+    if (pending && this.#initialized) this.sync();
+  }
+
+  /** Service informer: deleted. */
+  onServiceDelete(svc: Service): void {
+    this.onServiceUpdate(svc, null);
+  }
+
+  /** Service informer: initial list delivered. */
+  onServicesSynced(): void {
+    this.#servicesSynced = true;
+    if (this.#initialized) this.sync();
+  }
+
+  /** EndpointSlice informer: added. */
+  onEndpointSliceAdd(slice: EndpointSlice): void {
+    this.#endpointSliceChange(slice, false);
+  }
+
+  /** EndpointSlice informer: updated. */
+  onEndpointSliceUpdate(_old: EndpointSlice | null, slice: EndpointSlice): void {
+    this.#endpointSliceChange(slice, false);
+  }
+
+  /** EndpointSlice informer: deleted. */
+  onEndpointSliceDelete(slice: EndpointSlice): void {
+    this.#endpointSliceChange(slice, true);
+  }
+
+  /** EndpointSlice informer: initial list delivered. */
+  onEndpointSlicesSynced(): void {
+    this.#endpointSlicesSynced = true;
+    if (this.#initialized) this.sync();
+  }
+
+  #endpointSliceChange(slice: EndpointSlice, remove: boolean): void {
+    if (slice.addressType !== "IPv4" && slice.addressType !== "IPv6") return; // FQDN and unknown
+    let changed = false;
+    for (const f of this.#families) {
+      if (f.family === slice.addressType) changed = f.endpoints.update(slice, remove) || changed;
+    }
+    if (changed && this.#initialized) this.sync();
+  }
+
+  /** Node informer (own Node only): added. */
+  onNodeAdd(node: Node): void {
+    this.onNodeUpdate(null, node);
+  }
+
+  /** Node informer: updated. A change of the topology labels forces a full resync. */
+  onNodeUpdate(_old: Node | null, node: Node): void {
+    if (node.metadata?.name !== this.opts.nodeName) {
+      log.error("Received a watch event for a node that doesn't match the current node", undefined, {
+        eventNode: node.metadata?.name,
+        currentNode: this.opts.nodeName,
+      });
+      return;
+    }
+    this.#node = node;
+    this.#nodeLabels = { ...(node.metadata?.labels ?? {}) };
+    this.#setTopology(topologyLabels(node));
+  }
+
+  /** Node informer: deleted (the NodeManager exits the process; until then topology is cleared). */
+  onNodeDelete(node: Node): void {
+    if (node.metadata?.name !== this.opts.nodeName) return;
+    this.#node = undefined;
+    this.#nodeLabels = {};
+    this.#setTopology({});
+  }
+
+  #setTopology(labels: Record<string, string>): void {
+    const same = Object.keys(labels).length === Object.keys(this.#topology).length &&
+      Object.entries(labels).every(([k, v]) => this.#topology[k] === v);
+    if (same) return;
+    log.v(4).info("Updated proxier node topology labels", { labels });
+    this.#topology = labels;
+    this.#selectionStale = true;
+    for (const f of this.#families) f.needFullSync = true;
+    if (this.#initialized) this.sync();
+  }
+
+  // ---- loop ---------------------------------------------------------------------------------
+
+  get #initialized(): boolean {
+    return this.#servicesSynced && this.#endpointSlicesSynced;
+  }
+
+  /** Queues a sync: marks every family's health as pending and asks the runner (coalesced). */
+  sync(): void {
+    const now = this.#clock.now();
+    for (const f of this.#families) {
+      this.opts.healthServer?.queuedUpdate(f.family);
+      syncProxyRulesLastQueuedTimestamp.set({ ip_family: f.family }, now / 1000);
+    }
+    if (this.#initialized) this.#runner.run();
+  }
+
+  /** Starts the sync loop (upstream `SyncLoop`) and the external-flush poll. */
+  start(): void {
+    if (this.#started) return;
+    this.#started = true;
+    const now = this.#clock.now();
+    for (const f of this.#families) {
+      this.opts.healthServer?.updated(f.family);
+      syncProxyRulesLastQueuedTimestamp.set({ ip_family: f.family }, now / 1000);
+    }
+    this.#runner.start();
+    this.#schedulePoll();
+  }
+
+  /** Stops the loop and waits for a sync in progress. */
+  async stop(): Promise<void> {
+    this.#started = false;
+    if (this.#pollTimer !== null) this.#clock.clearTimeout(this.#pollTimer);
+    this.#pollTimer = null;
+    await this.#runner.stop();
+  }
+
+  /** Number of sync attempts (each covers every family). */
+  get syncCount(): number {
+    return this.#syncCount;
+  }
+
+  /** Number of failed family syncs. */
+  get failureCount(): number {
+    return this.#failureCount;
+  }
+
+  /** The last snapshot handed to `family`'s dataplane. */
+  lastSnapshot(family: IPFamily): ProxySnapshot | null {
+    return this.#families.find((f) => f.family === family)?.lastSnapshot ?? null;
+  }
+
+  #schedulePoll(): void {
+    if (!this.#started || !this.#families.some((f) => f.dataplane.needsFullSync)) return;
+    this.#pollTimer = this.#clock.setTimeout(async () => {
+      this.#pollTimer = null;
+      let any = false;
+      for (const f of this.#families) {
+        if (!f.dataplane.needsFullSync || f.lastSnapshot === null) continue;
+        try {
+          if (await f.dataplane.needsFullSync()) {
+            log.info("Dataplane state was flushed externally; forcing a full sync", { ipFamily: f.family });
+            f.needFullSync = true;
+            any = true;
+          }
+        } catch (err) {
+          log.error("Checking for external flushes failed", err, { ipFamily: f.family });
+        }
+      }
+      if (any) this.sync();
+      this.#schedulePoll();
+    }, this.opts.syncPeriodMs);
+  }
+
+  async #syncAll(): Promise<void> {
+    if (!this.#initialized) {
+      log.info("Not syncing rules until Services and Endpoints have been received from master");
+      return;
+    }
+    this.#syncCount++;
+    const selectionStale = this.#selectionStale;
+    this.#selectionStale = false;
+    let failed: unknown = null;
+    for (const f of this.#families) {
+      try {
+        await this.#syncFamily(f, selectionStale);
+      } catch (err) {
+        failed = err;
+      }
+    }
+    if (failed !== null) throw failed;
+  }
+
+  async #syncFamily(f: FamilyState, selectionStale: boolean): Promise<void> {
+    const start = performance.now();
+    const now = this.#clock.now();
+    const full = f.needFullSync || f.lastFullSyncAt === null ||
+      now - f.lastFullSyncAt >= this.#fullSyncPeriodMs;
+    const changedServices = f.services.apply();
+    const ep = f.endpoints.checkout();
+    for (const k of ep.changedServices) changedServices.add(k);
+    // The trackers are drained now: if this sync fails, the next one must be full.
+    f.needFullSync = true;
+
+    const snapshot = this.#buildSnapshot(f, changedServices, selectionStale, full);
+    f.lastSnapshot = snapshot;
+    let result: SyncResult;
+    try {
+      result = await f.dataplane.sync(snapshot);
+    } catch (err) {
+      this.#failureCount++;
+      syncFailuresTotal.inc({ ip_family: f.family });
+      log.error("Sync failed", err, {
+        ipFamily: f.family,
+        retryingTime: `${this.opts.syncPeriodMs / 1000}s`,
+      });
+      throw err;
+    }
+    f.needFullSync = false;
+    if (result.full) f.lastFullSyncAt = now;
+    const seconds = (performance.now() - start) / 1000;
+    const labels = { ip_family: f.family };
+    syncProxyRulesDuration.observe(labels, seconds);
+    (result.full ? syncFullProxyRulesDuration : syncPartialProxyRulesDuration).observe(labels, seconds);
+    syncProxyRulesLastTimestamp.set(labels, this.#clock.now() / 1000);
+    for (const times of ep.lastChangeTriggerTimes.values()) {
+      for (const t of times) {
+        networkProgrammingDuration.observe(labels, Math.max(0, this.#clock.now() - t) / 1000);
+      }
+    }
+    this.#recordNoLocalEndpoints(snapshot);
+    this.opts.healthServer?.updated(f.family);
+    this.#updateServiceHealth();
+    log.v(2).info("SyncProxyRules complete", {
+      ipFamily: f.family,
+      full: result.full,
+      elapsed: `${seconds.toFixed(3)}s`,
+      numServices: snapshot.servicePorts.size,
+      numEndpoints: snapshot.totalEndpoints,
+    });
+    if (ep.conntrackCleanupRequired && this.opts.conntrackCleaner) {
+      try {
+        await this.opts.conntrackCleaner(snapshot);
+      } catch (err) {
+        log.error("Failed to clean up stale UDP conntrack entries", err, { ipFamily: f.family });
+      }
+    }
+  }
+
+  #buildSnapshot(
+    f: FamilyState,
+    changed: Set<string>,
+    selectionStale: boolean,
+    full: boolean,
+  ): ProxySnapshot {
+    const categorizeOpts = { preferSameTrafficDistribution: this.opts.preferSameTrafficDistribution ?? true };
+    const build = (key: string): ServicePortState[] | null => {
+      const ports = f.services.get(key);
+      if (!ports) return null;
+      const eps = f.endpoints.get(key);
+      const out: ServicePortState[] = [];
+      for (const info of ports.values()) {
+        const endpoints: readonly EndpointInfo[] = eps?.get(portKey(info.name.port, info.protocol)) ?? [];
+        const selection = categorizeEndpoints(
+          endpoints,
+          info,
+          this.opts.nodeName,
+          this.#topology,
+          categorizeOpts,
+        );
+        out.push({ info, endpoints, selection });
+      }
+      return out;
+    };
+    if (selectionStale) {
+      f.states.clear();
+      for (const [key] of f.services.services()) {
+        const s = build(key);
+        if (s) f.states.set(key, s);
+      }
+    } else {
+      for (const key of changed) {
+        const s = build(key);
+        if (s) f.states.set(key, s);
+        else f.states.delete(key);
+      }
+    }
+    const servicePorts = new Map<string, ServicePortState>();
+    let totalEndpoints = 0;
+    for (const states of f.states.values()) {
+      for (const s of states) {
+        servicePorts.set(s.info.nameString, s);
+        totalEndpoints += s.endpoints.length;
+      }
+    }
+    const node: NodeState = {
+      name: this.opts.nodeName,
+      ips: nodeIPsOfFamily(this.#node, f.family),
+      labels: this.#nodeLabels,
+    };
+    return { family: f.family, servicePorts, changedServices: full ? null : changed, node, totalEndpoints };
+  }
+
+  #recordNoLocalEndpoints(snapshot: ProxySnapshot): void {
+    let internal = 0;
+    let external = 0;
+    for (const { info, selection } of snapshot.servicePorts.values()) {
+      const noLocal = (selection.localEndpoints?.length ?? 0) === 0;
+      if (info.internalPolicyLocal && noLocal) internal++;
+      if (info.externalPolicyLocal && noLocal) external++;
+    }
+    noLocalEndpointsTotal.set({ ip_family: snapshot.family, traffic_policy: "internal" }, internal);
+    noLocalEndpointsTotal.set({ ip_family: snapshot.family, traffic_policy: "external" }, external);
+  }
+
+  /** Pushes health-check node ports and local ready endpoint counts (distinct IPs) to the service health server. */
+  #updateServiceHealth(): void {
+    const server = this.opts.serviceHealthServer;
+    if (!server) return;
+    const ports = new Map<string, number>();
+    const localIPs = new Map<string, Set<string>>();
+    for (const f of this.#families) {
+      for (const [key, states] of f.states) {
+        for (const { info, endpoints } of states) {
+          if (info.healthCheckNodePort !== 0) ports.set(key, info.healthCheckNodePort);
+          for (const e of endpoints) {
+            if (!e.isLocal || !e.ready) continue;
+            let set = localIPs.get(key);
+            if (!set) localIPs.set(key, set = new Set());
+            set.add(e.ip);
+          }
+        }
+      }
+    }
+    const counts = new Map<string, number>();
+    for (const [key, set] of localIPs) counts.set(key, set.size);
+    server.syncServices(ports);
+    server.syncEndpoints(counts);
+  }
+}

@@ -1,0 +1,132 @@
+/**
+ * A stoppable `Deno.serve` listener that retries a failed bind every 5 s (upstream's
+ * `wait.Until(..., 5*time.Second, ...)` around the health and metrics servers), logging each failure,
+ * and that treats a failure as fatal only when `bindAddressHardFail` is set.
+ * @module
+ */
+import { log } from "../log.ts";
+import { type Clock, realClock, type TimerId } from "../proxy/clock.ts";
+
+/** A host and port split from `host:port` / `[v6]:port`. */
+export interface HostPort {
+  hostname: string;
+  port: number;
+}
+
+/**
+ * Splits `host:port`, `[v6]:port` or `:port` (host defaults to 0.0.0.0).
+ * @throws {TypeError} When the port is missing or not a number in 0..65535.
+ */
+export function splitHostPort(addr: string): HostPort {
+  let host: string;
+  let port: string;
+  if (addr.startsWith("[")) {
+    const end = addr.indexOf("]");
+    host = addr.slice(1, end);
+    port = addr.slice(end + 2);
+  } else {
+    const i = addr.lastIndexOf(":");
+    if (i < 0) throw new TypeError(`Missing port in address "${addr}"`);
+    host = addr.slice(0, i);
+    port = addr.slice(i + 1);
+  }
+  const n = Number(port);
+  if (port === "" || !Number.isInteger(n) || n < 0 || n > 65535) {
+    throw new TypeError(`Invalid port in "${addr}"`);
+  }
+  return { hostname: host === "" ? "0.0.0.0" : host, port: n };
+}
+
+/** Options of {@linkcode RetryingListener}. */
+export interface RetryingListenerOptions {
+  /** Name in logs (e.g. "healthz", "metrics"). */
+  name: string;
+  hostname: string;
+  port: number;
+  handler: (req: Request) => Response | Promise<Response>;
+  /** Stop retrying and call onFatal on the first bind failure. */
+  hardFail?: boolean;
+  /** Called with the error when hardFail is set. */
+  onFatal?: (err: Error) => void;
+  /** Retry interval; @default 5000 */
+  retryMs?: number;
+  clock?: Clock;
+}
+
+/** One HTTP listener with bind retries. */
+export class RetryingListener {
+  #server: Deno.HttpServer<Deno.NetAddr> | null = null;
+  #timer: TimerId | null = null;
+  #stopped = false;
+  #ready: Promise<void>;
+  #resolveReady!: () => void;
+  readonly #clock: Clock;
+
+  constructor(private readonly opts: RetryingListenerOptions) {
+    this.#clock = opts.clock ?? realClock;
+    this.#ready = new Promise((r) => this.#resolveReady = r);
+  }
+
+  /** Tries to bind now; on failure logs and retries (or reports fatal). */
+  start(): void {
+    this.#stopped = false;
+    this.#tryListen();
+  }
+
+  /** Resolves once bound. */
+  get ready(): Promise<void> {
+    return this.#ready;
+  }
+
+  /** The bound port (useful with port 0), or null when not bound. */
+  get port(): number | null {
+    return this.#server?.addr.port ?? null;
+  }
+
+  /** True when bound. */
+  get listening(): boolean {
+    return this.#server !== null;
+  }
+
+  #tryListen(): void {
+    if (this.#stopped) return;
+    try {
+      this.#server = Deno.serve({
+        hostname: this.opts.hostname,
+        port: this.opts.port,
+        onListen: () => {},
+        onError: (err) => {
+          log.error("HTTP handler failed", err, { server: this.opts.name });
+          return new Response("internal error", { status: 500 });
+        },
+      }, this.opts.handler);
+      log.v(3).info(`Starting ${this.opts.name} HTTP server`, {
+        address: `${this.opts.hostname}:${this.#server.addr.port}`,
+      });
+      this.#resolveReady();
+    } catch (err) {
+      const e = err instanceof Error ? err : new Error(String(err));
+      const msg = `failed to start ${this.opts.name} server on ${this.opts.hostname}:${this.opts.port}`;
+      if (this.opts.hardFail) {
+        log.error(msg, e);
+        this.opts.onFatal?.(new Error(`${msg}: ${e.message}`, { cause: e }));
+        return;
+      }
+      log.error(msg + "; retrying in 5 s", e);
+      this.#timer = this.#clock.setTimeout(() => {
+        this.#timer = null;
+        this.#tryListen();
+      }, this.opts.retryMs ?? 5000);
+    }
+  }
+
+  /** Stops retrying and closes the listener. */
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    if (this.#timer !== null) this.#clock.clearTimeout(this.#timer);
+    this.#timer = null;
+    const s = this.#server;
+    this.#server = null;
+    if (s) await s.shutdown();
+  }
+}

@@ -1,0 +1,121 @@
+/**
+ * Per-service health-check node ports for `externalTrafficPolicy: Local` LoadBalancer services
+ * (upstream `pkg/proxy/healthcheck/service_health.go`). Cloud load balancers probe
+ * `http://<node>:<healthCheckNodePort>/` (any path) to learn whether this node has local endpoints:
+ * 200 when it has local ready endpoints and the proxy is healthy, else 503.
+ *
+ * The proxier calls {@linkcode ServiceHealthServer.syncServices} and
+ * {@linkcode ServiceHealthServer.syncEndpoints} after each sync; listeners open and close as services
+ * come and go. A port that cannot be opened is reported (Event `FailedToStartServiceHealthcheck`) and
+ * retried on the next sync.
+ * @module
+ */
+import { log } from "../log.ts";
+
+/** What the proxier pushes after each sync (implemented by test doubles too). */
+export interface ServiceHealthUpdater {
+  /** The wanted health-check node port per Service `ns/name`. */
+  syncServices(ports: ReadonlyMap<string, number>): void;
+  /** The number of local ready endpoints (distinct IPs) per Service `ns/name`. */
+  syncEndpoints(counts: ReadonlyMap<string, number>): void;
+}
+
+/** Options of {@linkcode ServiceHealthServer}. */
+export interface ServiceHealthServerOptions {
+  /** Addresses to listen on for each port (node IPs matching nodePortAddresses, or "0.0.0.0"). */
+  addresses: readonly string[];
+  /** Proxy health (from the ProxyHealthServer); absent means always healthy. */
+  proxyHealthy?: () => boolean;
+  /** Called when a port cannot be opened (main.ts emits the Event). */
+  onListenError?: (serviceKey: string, port: number, err: Error) => void;
+}
+
+interface HcInstance {
+  port: number;
+  localEndpoints: number;
+  servers: Deno.HttpServer<Deno.NetAddr>[];
+}
+
+/** Opens one listener per wanted health-check node port. */
+export class ServiceHealthServer implements ServiceHealthUpdater {
+  readonly #services = new Map<string, HcInstance>();
+  #closing: Promise<void>[] = [];
+
+  constructor(private readonly opts: ServiceHealthServerOptions) {}
+
+  /** Services with an open listener, and their ports (tests, debugging). */
+  listening(): Map<string, number[]> {
+    const out = new Map<string, number[]>();
+    for (const [k, inst] of this.#services) out.set(k, inst.servers.map((s) => s.addr.port));
+    return out;
+  }
+
+  syncServices(ports: ReadonlyMap<string, number>): void {
+    for (const [key, inst] of this.#services) {
+      if (ports.get(key) === inst.port) continue;
+      log.v(2).info("Closing healthcheck", { service: key, port: inst.port });
+      this.#close(inst);
+      this.#services.delete(key);
+    }
+    for (const [key, port] of ports) {
+      if (this.#services.has(key)) continue;
+      log.v(2).info("Opening healthcheck", { service: key, port });
+      const inst: HcInstance = { port, localEndpoints: 0, servers: [] };
+      try {
+        for (const hostname of this.opts.addresses) {
+          inst.servers.push(
+            Deno.serve({ hostname, port, onListen: () => {} }, (req) => this.#handle(key, req)),
+          );
+        }
+      } catch (err) {
+        const e = err instanceof Error ? err : new Error(String(err));
+        log.error("Failed to start healthcheck", e, { service: key, port });
+        this.#close(inst);
+        try {
+          this.opts.onListenError?.(key, port, e);
+        } catch { /* reporting must not break the sync */ }
+        continue; // retried on the next sync
+      }
+      this.#services.set(key, inst);
+    }
+  }
+
+  syncEndpoints(counts: ReadonlyMap<string, number>): void {
+    for (const [key, inst] of this.#services) inst.localEndpoints = counts.get(key) ?? 0;
+  }
+
+  #handle(key: string, _req: Request): Response {
+    const [namespace, name] = key.split("/", 2);
+    const inst = this.#services.get(key);
+    const count = inst?.localEndpoints ?? 0;
+    const healthy = this.opts.proxyHealthy ? this.opts.proxyHealthy() : true;
+    const ok = count > 0 && healthy;
+    const body = JSON.stringify({
+      service: { namespace, name },
+      localEndpoints: count,
+      serviceProxyHealthy: healthy,
+    });
+    return new Response(body, {
+      status: ok ? 200 : 503,
+      headers: {
+        "Content-Type": "application/json",
+        "X-Content-Type-Options": "nosniff",
+        "X-Load-Balancing-Endpoint-Weight": String(count),
+      },
+    });
+  }
+
+  #close(inst: HcInstance): void {
+    for (const s of inst.servers) this.#closing.push(s.shutdown().catch(() => {}));
+    inst.servers = [];
+  }
+
+  /** Closes every listener. */
+  async stop(): Promise<void> {
+    for (const inst of this.#services.values()) this.#close(inst);
+    this.#services.clear();
+    const closing = this.#closing;
+    this.#closing = [];
+    await Promise.all(closing);
+  }
+}
