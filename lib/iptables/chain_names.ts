@@ -1,0 +1,87 @@
+/**
+ * iptables chain names for service ports and endpoints, exactly as upstream kube-proxy computes them:
+ * prefix + the first 16 characters of base32(sha256(servicePortName + protocol [+ endpoint])).
+ *
+ * Every name is hashed once and cached; the caches are bounded.
+ * @module
+ */
+
+import { createHash } from "node:crypto";
+
+/** Prefix of the Cluster-policy chain of a service port. */
+export const SVC_PREFIX = "KUBE-SVC-";
+/** Prefix of the Local-policy chain of a service port. */
+export const SVL_PREFIX = "KUBE-SVL-";
+/** Prefix of the external-destination chain of a service port. */
+export const EXT_PREFIX = "KUBE-EXT-";
+/** Prefix of the loadBalancerSourceRanges firewall chain of a service port. */
+export const FW_PREFIX = "KUBE-FW-";
+/** Prefix of an endpoint chain. */
+export const SEP_PREFIX = "KUBE-SEP-";
+
+const B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+
+/** First 16 characters of RFC 4648 base32 (standard alphabet) of the SHA-256 of `input`. */
+export function hash16(input: string): string {
+  const d = createHash("sha256").update(input).digest();
+  // 16 base32 characters = 80 bits = the first 10 bytes.
+  let out = "";
+  let bits = 0;
+  let value = 0;
+  for (let i = 0; i < 10; i++) {
+    value = (value << 8) | d[i];
+    bits += 8;
+    while (bits >= 5) {
+      out += B32[(value >>> (bits - 5)) & 31];
+      bits -= 5;
+    }
+    value &= 0xff;
+  }
+  return out;
+}
+
+/** The four chain names that share one service-port hash. */
+export interface ServicePortChains {
+  readonly svc: string;
+  readonly svl: string;
+  readonly ext: string;
+  readonly fw: string;
+}
+
+const MAX_CACHE = 500_000;
+const portCache = new Map<string, ServicePortChains>();
+const sepCache = new Map<string, string>();
+
+/**
+ * KUBE-SVC/SVL/EXT/FW names of a service port (`servicePortNameString`, lowercase protocol).
+ * Upstream `portProtoHash(spn.String(), protocol)`.
+ */
+export function servicePortChains(spnString: string, protocol: string): ServicePortChains {
+  const key = spnString + protocol;
+  let c = portCache.get(key);
+  if (c === undefined) {
+    const h = hash16(key);
+    c = { svc: SVC_PREFIX + h, svl: SVL_PREFIX + h, ext: EXT_PREFIX + h, fw: FW_PREFIX + h };
+    if (portCache.size >= MAX_CACHE) portCache.clear();
+    portCache.set(key, c);
+  }
+  return c;
+}
+
+/** KUBE-SEP name of one endpoint (`ip:port` / `[ip]:port`) of a service port. */
+export function endpointChainName(spnString: string, protocol: string, endpoint: string): string {
+  const key = spnString + protocol + endpoint;
+  let c = sepCache.get(key);
+  if (c === undefined) {
+    c = SEP_PREFIX + hash16(key);
+    if (sepCache.size >= MAX_CACHE) sepCache.clear();
+    sepCache.set(key, c);
+  }
+  return c;
+}
+
+/** True for the per-service chains kube-proxy owns (SVC, SVL, EXT, FW, SEP): upstream `isServiceChainName`. */
+export function isServiceChainName(chain: string): boolean {
+  return chain.startsWith(SVC_PREFIX) || chain.startsWith(SVL_PREFIX) || chain.startsWith(EXT_PREFIX) ||
+    chain.startsWith(FW_PREFIX) || chain.startsWith(SEP_PREFIX);
+}

@@ -1,0 +1,556 @@
+/**
+ * The iptables dataplane: renders a {@linkcode ProxySnapshot} into one `iptables-restore --noflush --counters`
+ * payload (filter + nat, plus mangle on full syncs) per sync and family.
+ *
+ * - Full sync at start, after a failure, when the canary chain vanished, when the snapshot asks for it
+ *   (`changedServices === null`), and when large-cluster mode or the node IP changes. A full sync still reuses
+ *   every cached per-port block whose state did not change.
+ * - Partial sync: the dispatch chains (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS, KUBE-FORWARD,
+ *   KUBE-PROXY-FIREWALL, KUBE-POSTROUTING, KUBE-MARK-MASQ) in full, and only the changed ports' own chains.
+ *   No other program runs.
+ * - Stale chains are flushed and deleted (`:CHAIN` + `-X CHAIN`) from memory of what was written; the only
+ *   `iptables-save` runs on a full sync when jump rules are not known to exist (start, after a failure or a
+ *   flush), which also finds leftovers of an earlier run.
+ * @module
+ */
+
+import type { CommandRunner } from "../exec.ts";
+import { CommandError } from "../exec.ts";
+import { log as rootLog, type Logger } from "../log.ts";
+import type { Dataplane, IPFamily, ProxySnapshot, ServicePortState, SyncResult } from "../proxy/types.ts";
+import {
+  iptablesPartialRestoreFailuresTotal,
+  iptablesRestoreFailuresTotal,
+  iptablesRulesLastSync,
+  iptablesRulesTotal,
+} from "../server/metrics.ts";
+import { type IptablesBackend, type IptablesTools, iptablesTools } from "./backend.ts";
+import { isServiceChainName } from "./chain_names.ts";
+import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
+import {
+  newNodePortAddresses,
+  nodeIPsMatching,
+  type NodePortAddresses,
+  parseIpAddrJson,
+} from "./nodeport_addresses.ts";
+import {
+  filterHeadRules,
+  filterTailRules,
+  isJumpLine,
+  JUMP_RULES,
+  jumpArgs,
+  KUBE_PROXY_CANARY,
+  KUBELET_JUMP_RULES,
+  LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
+  masqueradeMark,
+  natHeadRules,
+  nodePortsTailRules,
+  type RenderConfig,
+  renderServicePort,
+  type ServicePortBlock,
+} from "./rules.ts";
+
+/** Options of {@linkcode IptablesDataplane}. */
+export interface IptablesDataplaneOptions {
+  family: IPFamily;
+  /** Spawns iptables-restore, iptables-save, sysctl and ip. */
+  runner: CommandRunner;
+  /** Default 14 (mark 0x00004000). */
+  masqueradeBit?: number;
+  /** Masquerade all ClusterIP traffic. Default false. */
+  masqueradeAll?: boolean;
+  /** Default: no-op (no off-cluster masquerade, no pod short-circuit rule). */
+  localDetector?: LocalTrafficDetector;
+  /** CIDRs and/or `primary`; empty (default) accepts NodePorts on every local address. */
+  nodePortAddresses?: readonly string[];
+  /** `iptables.localhostNodePorts`, default true (IPv4 only; sets route_localnet). */
+  localhostNodePorts?: boolean;
+  /** Default 30 000. Reserved for periodic leftover scans in large clusters. */
+  syncPeriodMs?: number;
+  /** Backend or explicit tool names; default `system` (plain `iptables-restore`). */
+  backend?: IptablesBackend | IptablesTools;
+  /** Append `--random-fully` to MASQUERADE (iptables ≥ 1.6.2). Default true. */
+  randomFully?: boolean;
+  /** Skip reading `net.netfilter.nf_conntrack_tcp_be_liberal` and use this value. */
+  conntrackTCPBeLiberal?: boolean;
+  /** Node IPs to use instead of `ip -j addr show` when nodePortAddresses do not match all (tests). */
+  nodeAddresses?: readonly string[];
+  logger?: Logger;
+}
+
+const encoder = new TextEncoder();
+
+/** Lines around line `n` (1-based) of a payload, numbered, for error logs. */
+export function extractLines(payload: string, n: number, context = 2): string {
+  const lines = payload.split("\n");
+  const out: string[] = [];
+  for (let i = Math.max(1, n - context); i <= Math.min(lines.length, n + context); i++) {
+    out.push(`${i === n ? "=>" : "  "} ${i}: ${lines[i - 1]}`);
+  }
+  return out.join("\n");
+}
+
+/** Parses iptables-restore's "line N failed" / "line N: ..." error. */
+export function failedLine(stderr: string): number | null {
+  const m = stderr.match(/line (\d+)/);
+  return m ? Number(m[1]) : null;
+}
+
+function sameEndpoints(
+  a: ServicePortState["endpoints"] | null,
+  b: ServicePortState["endpoints"] | null,
+): boolean {
+  if (a === b) return true;
+  if (a === null || b === null || a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i], y = b[i];
+    if (
+      x !== y &&
+      (x.endpoint !== y.endpoint || x.isLocal !== y.isLocal || x.ready !== y.ready ||
+        x.serving !== y.serving ||
+        x.terminating !== y.terminating)
+    ) return false;
+  }
+  return true;
+}
+
+function sameList(a: readonly string[], b: readonly string[]): boolean {
+  if (a === b) return true;
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+/** True when two states render identically (used when the core hands new objects for unchanged ports). */
+export function sameRenderedState(a: ServicePortState, b: ServicePortState): boolean {
+  if (a === b) return true;
+  const x = a.info, y = b.info;
+  if (
+    x !== y &&
+    (x.nameString !== y.nameString || x.clusterIP !== y.clusterIP || x.port !== y.port ||
+      x.protocol !== y.protocol || x.nodePort !== y.nodePort || !sameList(x.externalIPs, y.externalIPs) ||
+      !sameList(x.loadBalancerVIPs, y.loadBalancerVIPs) ||
+      !sameList(x.loadBalancerSourceRanges, y.loadBalancerSourceRanges) ||
+      x.stickyMaxAgeSeconds !== y.stickyMaxAgeSeconds || x.externalPolicyLocal !== y.externalPolicyLocal ||
+      x.internalPolicyLocal !== y.internalPolicyLocal || x.healthCheckNodePort !== y.healthCheckNodePort)
+  ) return false;
+  const s = a.selection, t = b.selection;
+  return s.hasAnyEndpoints === t.hasAnyEndpoints && sameEndpoints(s.clusterEndpoints, t.clusterEndpoints) &&
+    sameEndpoints(s.localEndpoints, t.localEndpoints) &&
+    sameEndpoints(s.allReachableEndpoints, t.allReachableEndpoints);
+}
+
+/** What an `iptables-save` scan found. */
+interface ScanResult {
+  chains: { filter: Set<string>; nat: Set<string> };
+  missingJumps: { filter: string; nat: string };
+}
+
+/** The payload of one sync, kept for tests and error messages. */
+export interface BuiltPayload {
+  readonly text: string;
+  readonly full: boolean;
+  /** Chains deleted by this payload. */
+  readonly deleted: readonly string[];
+}
+
+/** iptables dataplane for one IP family. */
+export class IptablesDataplane implements Dataplane {
+  readonly family: IPFamily;
+  readonly tools: IptablesTools;
+  private readonly runner: CommandRunner;
+  private readonly log: Logger;
+  private readonly opts: IptablesDataplaneOptions;
+  private readonly npaEntries: readonly string[];
+  private readonly randomFully: boolean;
+
+  private cfg: RenderConfig | null = null;
+  private npa: NodePortAddresses | null = null;
+  private conntrackLiberal = false;
+  private initialized = false;
+
+  /** Rendered blocks by `nameString`. */
+  private readonly blocks = new Map<string, ServicePortBlock>();
+  /** Chains of each port as last successfully written. */
+  private applied = new Map<string, readonly string[]>();
+  private needFull = true;
+  private jumpsVerified = false;
+  private largeCluster = false;
+  private nodePortIPs: string[] = [];
+  private everSynced = false;
+  /** The last payload (tests, debugging). */
+  lastPayload: BuiltPayload | null = null;
+
+  constructor(opts: IptablesDataplaneOptions) {
+    this.opts = opts;
+    this.family = opts.family;
+    this.runner = opts.runner;
+    this.log = (opts.logger ?? rootLog).with({ ipFamily: opts.family });
+    const be = opts.backend ?? "system";
+    this.tools = typeof be === "string" ? iptablesTools(be, opts.family) : be;
+    this.npaEntries = opts.nodePortAddresses ?? [];
+    this.randomFully = opts.randomFully ?? true;
+  }
+
+  /** Checks the mangle canary chain (cheap: mangle is small); true when it is gone and a full sync is due. */
+  async needsFullSync(): Promise<boolean> {
+    if (!this.everSynced) return false;
+    if (this.needFull) return true;
+    const r = await this.runner.tryRun({
+      cmd: this.tools.iptables,
+      args: ["-w", "5", "-t", "mangle", "-S", KUBE_PROXY_CANARY],
+      timeoutMs: 15_000,
+    });
+    if (r.code === 0) return false;
+    this.log.info("iptables canary chain is gone (flushed externally?); next sync is full", {
+      stderr: r.stderr.trim(),
+    });
+    this.needFull = true;
+    this.jumpsVerified = false;
+    return true;
+  }
+
+  private async sysctlGet(name: string): Promise<string | null> {
+    try {
+      const r = await this.runner.tryRun({ cmd: "sysctl", args: ["-n", name] });
+      return r.code === 0 ? r.stdout.trim() : null;
+    } catch {
+      return null;
+    }
+  }
+
+  /** First-sync setup: sysctls and settings that need the node's IPs. */
+  private async init(snapshot: ProxySnapshot): Promise<void> {
+    const o = this.opts;
+    this.npa = newNodePortAddresses(this.family, this.npaEntries, snapshot.node.ips);
+    const localhostNodePorts = (o.localhostNodePorts ?? true) && this.family === "IPv4" &&
+      this.npa.containsIPv4Loopback;
+    if (localhostNodePorts) {
+      const cur = await this.sysctlGet("net.ipv4.conf.all.route_localnet");
+      if (cur !== "1") {
+        try {
+          await this.runner.run({ cmd: "sysctl", args: ["-w", "net.ipv4.conf.all.route_localnet=1"] });
+          this.log.info("Set sysctl", { name: "net/ipv4/conf/all/route_localnet", value: 1 });
+        } catch (err) {
+          this.log.error(
+            "Failed to set sysctl net/ipv4/conf/all/route_localnet; localhost NodePorts won't work",
+            err,
+          );
+        }
+      }
+    }
+    if (o.conntrackTCPBeLiberal !== undefined) {
+      this.conntrackLiberal = o.conntrackTCPBeLiberal;
+    } else {
+      this.conntrackLiberal = (await this.sysctlGet("net.netfilter.nf_conntrack_tcp_be_liberal")) === "1";
+      if (this.conntrackLiberal) {
+        this.log.info("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets");
+      }
+    }
+    this.cfg = {
+      family: this.family,
+      mark: masqueradeMark(o.masqueradeBit ?? 14),
+      masqueradeAll: o.masqueradeAll ?? false,
+      localDetector: o.localDetector ?? noOpLocalDetector,
+      localhostNodePorts,
+      nodeIP: snapshot.node.ips[0] ?? null,
+    };
+    this.initialized = true;
+  }
+
+  private async readNodePortIPs(): Promise<void> {
+    const npa = this.npa!;
+    if (npa.matchAll) {
+      this.nodePortIPs = [];
+      return;
+    }
+    let addrs = this.opts.nodeAddresses;
+    if (!addrs) {
+      try {
+        const r = await this.runner.run({
+          cmd: "ip",
+          args: ["-j", this.family === "IPv6" ? "-6" : "-4", "addr", "show"],
+        });
+        addrs = parseIpAddrJson(r.stdout, this.family);
+      } catch (err) {
+        this.log.error(
+          "Failed to get node ip address matching nodeport cidrs, services with nodeport may not work as intended",
+          err,
+          { CIDRs: npa.cidrs },
+        );
+        addrs = [];
+      }
+    }
+    this.nodePortIPs = nodeIPsMatching(npa, addrs);
+  }
+
+  /** One iptables-save per table: existing chains (leftovers) and which jump rules are missing. */
+  private async scan(): Promise<ScanResult> {
+    const res: ScanResult = {
+      chains: { filter: new Set(), nat: new Set() },
+      missingJumps: { filter: "", nat: "" },
+    };
+    const jumps = [...JUMP_RULES, ...(this.cfg!.localhostNodePorts ? KUBELET_JUMP_RULES : [])];
+    for (const table of ["filter", "nat"] as const) {
+      const r = await this.runner.run({ cmd: this.tools.save, args: ["-t", table], timeoutMs: 120_000 });
+      const lines = r.stdout.split("\n");
+      const rulesByChain = new Map<string, string[]>();
+      for (const line of lines) {
+        if (line.startsWith(":")) {
+          res.chains[table].add(line.slice(1, line.indexOf(" ") > 0 ? line.indexOf(" ") : undefined));
+        } else if (line.startsWith("-A ")) {
+          const chain = line.slice(3, line.indexOf(" ", 3));
+          if (
+            chain === "INPUT" || chain === "FORWARD" || chain === "OUTPUT" || chain === "PREROUTING" ||
+            chain === "POSTROUTING"
+          ) {
+            let l = rulesByChain.get(chain);
+            if (!l) rulesByChain.set(chain, l = []);
+            l.push(line);
+          }
+        }
+      }
+      // Upstream prepends each jump in order, so the last one ends up first; -I 1 in the same order does that.
+      for (const j of jumps) {
+        if (j.table !== table) continue;
+        if ((rulesByChain.get(j.from) ?? []).some((l) => isJumpLine(l, j))) continue;
+        res.missingJumps[table] += `-I ${j.from} 1 ${jumpArgs(j)}\n`;
+      }
+    }
+    return res;
+  }
+
+  /** Applies the snapshot. Rejects on failure; the next sync is then full. */
+  async sync(snapshot: ProxySnapshot): Promise<SyncResult> {
+    if (snapshot.family !== this.family) {
+      throw new Error(`iptables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
+    }
+    if (!this.initialized) await this.init(snapshot);
+    const cfg0 = this.cfg!;
+    const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
+    const nodeIP = snapshot.node.ips[0] ?? null;
+    let full = this.needFull || snapshot.changedServices === null;
+    if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP) {
+      // Every block renders differently now: drop the cache and write everything.
+      this.blocks.clear();
+      this.largeCluster = largeCluster;
+      if (nodeIP !== cfg0.nodeIP) this.cfg = { ...cfg0, nodeIP };
+      full = true;
+    }
+    const cfg = this.cfg!;
+
+    let scan: ScanResult | null = null;
+    if (full) {
+      if (!this.jumpsVerified) scan = await this.scan();
+      await this.readNodePortIPs();
+    }
+    const tGen = performance.now();
+    const built = this.build(snapshot, cfg, full, scan);
+    const payload = encoder.encode(built.text);
+    const generateMs = performance.now() - tGen;
+
+    const tApply = performance.now();
+    const r = await this.runner.tryRun({
+      cmd: this.tools.restore,
+      args: ["--noflush", "--counters", "-w", "5", "-W", "100000"],
+      stdin: payload,
+      captureStdout: false,
+      timeoutMs: 600_000,
+    });
+    const applyMs = performance.now() - tApply;
+    this.lastPayload = { text: built.text, full, deleted: built.deleted };
+    if (r.code !== 0) {
+      const n = failedLine(r.stderr);
+      this.log.error("Failed to execute iptables-restore", r.stderr.trim(), {
+        rules: n !== null ? extractLines(built.text, n) : undefined,
+      });
+      iptablesRestoreFailuresTotal.inc({ ip_family: this.family });
+      if (!full) iptablesPartialRestoreFailuresTotal.inc({ ip_family: this.family });
+      this.needFull = true;
+      this.jumpsVerified = false;
+      throw new CommandError(
+        { cmd: this.tools.restore, args: ["--noflush", "--counters", "-w", "5", "-W", "100000"] },
+        r.code,
+        r.stderr,
+      );
+    }
+
+    // Success: remember what the kernel now has.
+    this.commit(built);
+    this.needFull = false;
+    this.everSynced = true;
+    if (full) this.jumpsVerified = true;
+    iptablesRulesLastSync.set({ ip_family: this.family, table: "filter" }, built.filterRules);
+    iptablesRulesTotal.set({ ip_family: this.family, table: "filter" }, built.filterRules);
+    iptablesRulesLastSync.set({ ip_family: this.family, table: "nat" }, built.natRulesWritten);
+    iptablesRulesTotal.set({ ip_family: this.family, table: "nat" }, built.natRulesTotal);
+    this.log.v(2).info("SyncProxyRules complete", {
+      full,
+      bytes: payload.byteLength,
+      generateMs: Math.round(generateMs * 10) / 10,
+      applyMs: Math.round(applyMs),
+      deletedChains: built.deleted.length,
+    });
+    return { full, payloadBytes: payload.byteLength, generateMs, applyMs };
+  }
+
+  private commit(built: Built): void {
+    if (built.full) {
+      this.applied = built.appliedAll!;
+    } else {
+      for (const [name, chains] of built.appliedChanged) {
+        if (chains === null) this.applied.delete(name);
+        else this.applied.set(name, chains);
+      }
+    }
+  }
+
+  /**
+   * Builds the restore payload for a snapshot without applying it (exposed for tests and benchmarks; the
+   * render cache is updated, the memory of written chains is not).
+   */
+  buildPayload(snapshot: ProxySnapshot, full: boolean): BuiltPayload {
+    if (!this.cfg) throw new Error("buildPayload before the first sync");
+    const b = this.build(snapshot, this.cfg, full, null);
+    return { text: b.text, full, deleted: b.deleted };
+  }
+
+  private build(snapshot: ProxySnapshot, cfg: RenderConfig, full: boolean, scan: ScanResult | null): Built {
+    const changed = full ? null : snapshot.changedServices;
+    const largeCluster = this.largeCluster;
+    const filterParts: string[] = [];
+    const dispatchParts: string[] = [];
+    const chainLineParts: string[] = [];
+    const chainRuleParts: string[] = [];
+    let filterRules = 0, dispatchRules = 0, chainRulesAll = 0, chainRulesWritten = 0;
+    const appliedChanged = new Map<string, readonly string[] | null>();
+    const deleted: string[] = [];
+    const appliedAll = full ? new Map<string, readonly string[]>() : null;
+    const active = full ? new Set<string>() : null;
+
+    for (const [name, st] of snapshot.servicePorts) {
+      let b = this.blocks.get(name);
+      let rendered = false;
+      if (b === undefined) {
+        b = renderServicePort(st, cfg, largeCluster);
+        rendered = true;
+      } else if (b.state !== st) {
+        if (sameRenderedState(b.state, st)) b.state = st;
+        else {
+          b = renderServicePort(st, cfg, largeCluster);
+          rendered = true;
+        }
+      }
+      if (rendered) this.blocks.set(name, b);
+      filterParts.push(b.filter);
+      dispatchParts.push(b.dispatch);
+      filterRules += b.filterRuleCount;
+      dispatchRules += b.dispatchRuleCount;
+      chainRulesAll += b.chainRuleCount;
+      const write = full || rendered || changed!.has(st.info.serviceKey);
+      if (write) {
+        chainLineParts.push(b.chainLines);
+        chainRuleParts.push(b.chainRules);
+        chainRulesWritten += b.chainRuleCount;
+      }
+      if (full) {
+        appliedAll!.set(name, b.chains);
+        for (const c of b.chains) active!.add(c);
+      } else if (write) {
+        const old = this.applied.get(name);
+        if (old) {
+          for (const c of old) if (!b.chains.includes(c)) deleted.push(c);
+        }
+        appliedChanged.set(name, b.chains);
+      }
+    }
+    // Ports that disappeared.
+    if (this.blocks.size > snapshot.servicePorts.size || this.applied.size > snapshot.servicePorts.size) {
+      for (const name of [...this.blocks.keys()]) {
+        if (!snapshot.servicePorts.has(name)) this.blocks.delete(name);
+      }
+      if (!full) {
+        for (const [name, chains] of this.applied) {
+          if (!snapshot.servicePorts.has(name)) {
+            deleted.push(...chains);
+            appliedChanged.set(name, null);
+          }
+        }
+      }
+    }
+    if (full) {
+      const seen = new Set<string>();
+      const consider = (c: string) => {
+        if (!active!.has(c) && !seen.has(c) && isServiceChainName(c)) {
+          seen.add(c);
+          deleted.push(c);
+        }
+      };
+      for (const chains of this.applied.values()) for (const c of chains) consider(c);
+      if (scan) { for (const c of scan.chains.nat) consider(c); }
+    }
+
+    // Assemble. Chain lines first (a rule may only jump to a declared chain), then rules.
+    let t = "*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n" +
+      ":KUBE-NODEPORTS - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n";
+    const fHead = filterHeadRules(cfg);
+    if (fHead) t += ":KUBE-FIREWALL - [0:0]\n";
+    if (full) t += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
+    t += fHead;
+    const fTail = filterTailRules(cfg, this.conntrackLiberal);
+    const parts: string[] = [t];
+    for (const p of filterParts) if (p) parts.push(p);
+    parts.push(fTail);
+    if (scan) parts.push(scan.missingJumps.filter);
+    parts.push(
+      "COMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n" +
+        ":KUBE-MARK-MASQ - [0:0]\n",
+    );
+    if (full) parts.push(`:${KUBE_PROXY_CANARY} - [0:0]\n`);
+    for (const p of chainLineParts) if (p) parts.push(p);
+    let del = "";
+    for (const c of deleted) {
+      parts.push(`:${c} - [0:0]\n`);
+      del += `-X ${c}\n`;
+    }
+    const nHead = natHeadRules(cfg, this.randomFully);
+    parts.push(nHead);
+    for (const p of dispatchParts) if (p) parts.push(p);
+    for (const p of chainRuleParts) if (p) parts.push(p);
+    const tail = nodePortsTailRules(cfg, this.npa!.matchAll, this.nodePortIPs);
+    parts.push(tail);
+    parts.push(del);
+    if (scan) parts.push(scan.missingJumps.nat);
+    parts.push("COMMIT\n");
+    if (full) parts.push(`*mangle\n:${KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n`);
+
+    const countLines = (s: string) => {
+      let n = 0;
+      for (let i = s.indexOf("\n"); i >= 0; i = s.indexOf("\n", i + 1)) n++;
+      return n;
+    };
+    const staticFilter = countLines(fHead) + countLines(fTail);
+    const staticNat = countLines(nHead) + countLines(tail);
+    return {
+      text: parts.join(""),
+      full,
+      deleted,
+      appliedAll,
+      appliedChanged,
+      filterRules: staticFilter + filterRules,
+      natRulesWritten: staticNat + dispatchRules + chainRulesWritten,
+      natRulesTotal: staticNat + dispatchRules + chainRulesAll,
+    };
+  }
+}
+
+interface Built {
+  text: string;
+  full: boolean;
+  deleted: string[];
+  appliedAll: Map<string, readonly string[]> | null;
+  appliedChanged: Map<string, readonly string[] | null>;
+  filterRules: number;
+  natRulesWritten: number;
+  natRulesTotal: number;
+}

@@ -1,0 +1,472 @@
+/**
+ * iptables rule rendering, rule for rule as upstream's `syncProxyRules` (pkg/proxy/iptables/proxier.go).
+ *
+ * Each service port is rendered once into a {@linkcode ServicePortBlock} (filter rules, nat dispatch rules for
+ * KUBE-SERVICES / KUBE-NODEPORTS, and its own SVC/SVL/EXT/FW/SEP chains); the dataplane caches blocks and only
+ * re-renders changed ports. Static chains and rules come from the helpers at the end of this file.
+ * @module
+ */
+
+import type { EndpointInfo, IPFamily, ServicePortState } from "../proxy/types.ts";
+import { endpointChainName, servicePortChains } from "./chain_names.ts";
+import type { LocalTrafficDetector } from "./local_detector.ts";
+import { cidrContains } from "./nodeport_addresses.ts";
+
+/** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
+export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;
+
+/** Chain names of kube-proxy's static chains. */
+export const KUBE_SERVICES = "KUBE-SERVICES";
+/** Filter: REJECT/DROP for external destinations without endpoints. */
+export const KUBE_EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES";
+/** Filter: forwarding accept rules. */
+export const KUBE_FORWARD = "KUBE-FORWARD";
+/** nat: NodePort dispatch; filter: health-check node port accepts. */
+export const KUBE_NODEPORTS = "KUBE-NODEPORTS";
+/** Filter: loadBalancerSourceRanges drops. */
+export const KUBE_PROXY_FIREWALL = "KUBE-PROXY-FIREWALL";
+/** nat: SNAT of marked traffic. */
+export const KUBE_POSTROUTING = "KUBE-POSTROUTING";
+/** nat: sets the masquerade mark. */
+export const KUBE_MARK_MASQ = "KUBE-MARK-MASQ";
+/** Filter: kubelet's localnet block chain (copied by kube-proxy). */
+export const KUBE_FIREWALL = "KUBE-FIREWALL";
+/** Empty chain in mangle, nat and filter whose disappearance reveals an external flush. */
+export const KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY";
+
+/** Formats the masquerade mark as Go's `%#08x` of `1 << bit` (bit 14 → `0x00004000`). */
+export function masqueradeMark(bit: number): string {
+  return "0x" + ((1 << bit) >>> 0).toString(16).padStart(8, "0");
+}
+
+const probabilities: string[] = ["<bad value>"];
+
+/** `%0.10f` of 1/n, cached (upstream `computeProbability`). */
+export function probability(n: number): string {
+  for (let i = probabilities.length; i <= n; i++) probabilities.push((1 / i).toFixed(10));
+  return probabilities[n];
+}
+
+/** Settings that shape every service port's rules. A change of any of them invalidates all cached blocks. */
+export interface RenderConfig {
+  readonly family: IPFamily;
+  /** e.g. `0x00004000`. */
+  readonly mark: string;
+  readonly masqueradeAll: boolean;
+  readonly localDetector: LocalTrafficDetector;
+  /** Effective localhost NodePorts (IPv4 only, and only when nodePortAddresses include 127.0.0.1). */
+  readonly localhostNodePorts: boolean;
+  /** Primary node IP of the family (loadBalancerSourceRanges self-allow); null when unknown. */
+  readonly nodeIP: string | null;
+}
+
+/** One rendered service port. Text is kept per part so that a sync can pick what it writes. */
+export interface ServicePortBlock {
+  /** The state this block was rendered from (identity check for the cache). */
+  state: ServicePortState;
+  /** Filter rules (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-PROXY-FIREWALL, KUBE-NODEPORTS). */
+  readonly filter: string;
+  /** nat rules in KUBE-SERVICES and KUBE-NODEPORTS (always written). */
+  readonly dispatch: string;
+  /** `:CHAIN - [0:0]` lines of the port's own nat chains. */
+  readonly chainLines: string;
+  /** Rules of the port's own nat chains. */
+  readonly chainRules: string;
+  /** Names of the port's own nat chains. */
+  readonly chains: readonly string[];
+  readonly filterRuleCount: number;
+  readonly dispatchRuleCount: number;
+  readonly chainRuleCount: number;
+  /** Rendered with large-cluster mode (no comments). */
+  readonly largeCluster: boolean;
+  /** iTP=Local without local endpoints (DROP). */
+  readonly noLocalInternal: boolean;
+  /** eTP=Local without local endpoints (DROP for external destinations). */
+  readonly noLocalExternal: boolean;
+}
+
+function ipOnly(ep: EndpointInfo): string {
+  return ep.ip;
+}
+
+/** Renders one service port exactly as upstream's per-service loop body. */
+export function renderServicePort(
+  st: ServicePortState,
+  cfg: RenderConfig,
+  largeCluster: boolean,
+): ServicePortBlock {
+  const info = st.info;
+  const sel = st.selection;
+  const proto = info.protocol.toLowerCase();
+  const name = info.nameString;
+  const ch = servicePortChains(name, proto);
+  const pp = `-m ${proto} -p ${proto}`;
+  const port = String(info.port);
+
+  const clusterEps = sel.clusterEndpoints ?? [];
+  const localEps = sel.localEndpoints ?? [];
+  const usesClusterChain = clusterEps.length > 0;
+  const usesLocalChain = localEps.length > 0;
+  const externallyAccessible = info.nodePort !== 0 || info.externalIPs.length > 0 ||
+    info.loadBalancerVIPs.length > 0;
+  const extLocal = info.externalPolicyLocal && externallyAccessible;
+  const intLocal = info.internalPolicyLocal;
+  const hasEndpoints = sel.hasAnyEndpoints;
+
+  const internalChain = intLocal ? ch.svl : ch.svc;
+  const hasInternal = hasEndpoints && !(intLocal && localEps.length === 0);
+  const externalPolicyChain = extLocal ? ch.svl : ch.svc;
+  const hasExternal = hasEndpoints && !(extLocal && localEps.length === 0);
+  const usesExtChain = hasEndpoints && externallyAccessible;
+  const usesFW = hasEndpoints && info.loadBalancerVIPs.length > 0 && info.loadBalancerSourceRanges.length > 0;
+  const lbChain = usesFW ? ch.fw : ch.ext;
+
+  let intTarget = "", intComment = "", extTarget = "", extComment = "";
+  let noLocalInternal = false, noLocalExternal = false;
+  if (!hasEndpoints) {
+    intTarget = extTarget = "REJECT";
+    intComment = extComment = `"${name} has no endpoints"`;
+  } else {
+    if (!hasInternal) {
+      intTarget = "DROP";
+      intComment = `"${name} has no local endpoints"`;
+      noLocalInternal = true;
+    }
+    if (!hasExternal) {
+      extTarget = "DROP";
+      extComment = `"${name} has no local endpoints"`;
+      noLocalExternal = true;
+    }
+  }
+
+  let filter = "", dispatch = "";
+  let nFilter = 0, nDispatch = 0;
+
+  // ClusterIP.
+  if (hasInternal) {
+    dispatch +=
+      `-A KUBE-SERVICES -m comment --comment "${name} cluster IP" ${pp} -d ${info.clusterIP} --dport ${port} -j ${internalChain}\n`;
+    nDispatch++;
+  } else {
+    filter +=
+      `-A KUBE-SERVICES -m comment --comment ${intComment} ${pp} -d ${info.clusterIP} --dport ${port} -j ${intTarget}\n`;
+    nFilter++;
+  }
+  // External IPs.
+  for (const ip of info.externalIPs) {
+    if (hasEndpoints) {
+      dispatch +=
+        `-A KUBE-SERVICES -m comment --comment "${name} external IP" ${pp} -d ${ip} --dport ${port} -j ${ch.ext}\n`;
+      nDispatch++;
+    }
+    if (!hasExternal) {
+      filter +=
+        `-A KUBE-EXTERNAL-SERVICES -m comment --comment ${extComment} ${pp} -d ${ip} --dport ${port} -j ${extTarget}\n`;
+      nFilter++;
+    }
+  }
+  // LoadBalancer VIPs.
+  for (const ip of info.loadBalancerVIPs) {
+    if (hasEndpoints) {
+      dispatch +=
+        `-A KUBE-SERVICES -m comment --comment "${name} loadbalancer IP" ${pp} -d ${ip} --dport ${port} -j ${lbChain}\n`;
+      nDispatch++;
+    }
+    if (usesFW) {
+      filter +=
+        `-A KUBE-PROXY-FIREWALL -m comment --comment "${name} traffic not accepted by ${ch.fw}" ${pp} -d ${ip} --dport ${port} -j DROP\n`;
+      nFilter++;
+    }
+  }
+  if (!hasExternal) {
+    for (const ip of info.loadBalancerVIPs) {
+      filter +=
+        `-A KUBE-EXTERNAL-SERVICES -m comment --comment ${extComment} ${pp} -d ${ip} --dport ${port} -j ${extTarget}\n`;
+      nFilter++;
+    }
+  }
+  // NodePort. (Upstream's nfacct-counted localhost copy of the rule is not written: no nfacct here.)
+  if (info.nodePort !== 0) {
+    if (hasEndpoints) {
+      dispatch +=
+        `-A KUBE-NODEPORTS -m comment --comment ${name} ${pp} --dport ${info.nodePort} -j ${ch.ext}\n`;
+      nDispatch++;
+    }
+    if (!hasExternal) {
+      filter +=
+        `-A KUBE-EXTERNAL-SERVICES -m comment --comment ${extComment} -m addrtype --dst-type LOCAL ${pp} --dport ${info.nodePort} -j ${extTarget}\n`;
+      nFilter++;
+    }
+  }
+  // Health check node port (upstream keeps it only for eTP=Local services: NeedsHealthCheck).
+  if (info.healthCheckNodePort !== 0 && extLocal) {
+    filter +=
+      `-A KUBE-NODEPORTS -m comment --comment "${name} health check node port" -m tcp -p tcp --dport ${info.healthCheckNodePort} -j ACCEPT\n`;
+    nFilter++;
+  }
+
+  // The port's own chains.
+  let lines = "", rules = "";
+  let nRules = 0;
+  const chains: string[] = [];
+
+  if (hasInternal) {
+    const args = `-m comment --comment "${name} cluster IP" ${pp} -d ${info.clusterIP} --dport ${port}`;
+    if (cfg.masqueradeAll) {
+      rules += `-A ${internalChain} ${args} -j KUBE-MARK-MASQ\n`;
+      nRules++;
+    } else if (cfg.localDetector.isImplemented) {
+      rules += `-A ${internalChain} ${args} ${cfg.localDetector.ifNotLocal} -j KUBE-MARK-MASQ\n`;
+      nRules++;
+    }
+  }
+
+  if (usesExtChain) {
+    lines += `:${ch.ext} - [0:0]\n`;
+    chains.push(ch.ext);
+    if (!extLocal) {
+      rules +=
+        `-A ${ch.ext} -m comment --comment "masquerade traffic for ${name} external destinations" -j KUBE-MARK-MASQ\n`;
+      nRules++;
+    } else {
+      if (cfg.localDetector.isImplemented) {
+        rules +=
+          `-A ${ch.ext} -m comment --comment "pod traffic for ${name} external destinations" ${cfg.localDetector.ifLocal} -j ${ch.svc}\n`;
+        nRules++;
+      }
+      rules +=
+        `-A ${ch.ext} -m comment --comment "masquerade LOCAL traffic for ${name} external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ\n`;
+      rules +=
+        `-A ${ch.ext} -m comment --comment "route LOCAL traffic for ${name} external destinations" -m addrtype --src-type LOCAL -j ${ch.svc}\n`;
+      nRules += 2;
+    }
+    if (hasExternal) {
+      rules += `-A ${ch.ext} -j ${externalPolicyChain}\n`;
+      nRules++;
+    }
+  }
+
+  if (usesFW) {
+    lines += `:${ch.fw} - [0:0]\n`;
+    chains.push(ch.fw);
+    const head = `-A ${ch.fw} -m comment --comment "${name} loadbalancer IP"`;
+    let allowFromNode = false;
+    for (const cidr of info.loadBalancerSourceRanges) {
+      rules += `${head} -s ${cidr} -j ${ch.ext}\n`;
+      nRules++;
+      if (cfg.nodeIP !== null && cidrContains(cidr, cfg.nodeIP)) allowFromNode = true;
+    }
+    if (allowFromNode) {
+      for (const ip of info.loadBalancerVIPs) {
+        rules += `${head} -s ${ip} -j ${ch.ext}\n`;
+        nRules++;
+      }
+    }
+    rules +=
+      `-A ${ch.fw} -m comment --comment "other traffic to ${name} will be dropped by KUBE-PROXY-FIREWALL"\n`;
+    nRules++;
+  }
+
+  const affinity = info.stickyMaxAgeSeconds > 0;
+  const writeLB = (chain: string, eps: readonly EndpointInfo[]) => {
+    if (affinity) {
+      for (const ep of eps) {
+        const sep = endpointChainName(name, proto, ep.endpoint);
+        const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${ep.endpoint}"`;
+        rules +=
+          `-A ${chain}${c} -m recent --name ${sep} --rcheck --seconds ${info.stickyMaxAgeSeconds} --reap -j ${sep}\n`;
+        nRules++;
+      }
+    }
+    const n = eps.length;
+    for (let i = 0; i < n; i++) {
+      const ep = eps[i];
+      const sep = endpointChainName(name, proto, ep.endpoint);
+      const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${ep.endpoint}"`;
+      const p = i < n - 1 ? ` -m statistic --mode random --probability ${probability(n - i)}` : "";
+      rules += `-A ${chain}${c}${p} -j ${sep}\n`;
+      nRules++;
+    }
+  };
+
+  if (usesClusterChain) {
+    lines += `:${ch.svc} - [0:0]\n`;
+    chains.push(ch.svc);
+    writeLB(ch.svc, clusterEps);
+  }
+  if (usesLocalChain) {
+    lines += `:${ch.svl} - [0:0]\n`;
+    chains.push(ch.svl);
+    writeLB(ch.svl, localEps);
+  }
+
+  const sepComment = largeCluster ? "" : ` -m comment --comment ${name}`;
+  const recent = affinity ? " -m recent --name " : "";
+  for (const ep of sel.allReachableEndpoints) {
+    const sep = endpointChainName(name, proto, ep.endpoint);
+    lines += `:${sep} - [0:0]\n`;
+    chains.push(sep);
+    rules += `-A ${sep}${sepComment} -s ${ipOnly(ep)} -j KUBE-MARK-MASQ\n`;
+    rules += `-A ${sep}${sepComment}${
+      affinity ? recent + sep + " --set" : ""
+    } ${pp} -j DNAT --to-destination ${ep.endpoint}\n`;
+    nRules += 2;
+  }
+
+  return {
+    state: st,
+    filter,
+    dispatch,
+    chainLines: lines,
+    chainRules: rules,
+    chains,
+    filterRuleCount: nFilter,
+    dispatchRuleCount: nDispatch,
+    chainRuleCount: nRules,
+    largeCluster,
+    noLocalInternal,
+    noLocalExternal,
+  };
+}
+
+/** Static filter rules written before the per-service rules (the localnet block rule). */
+export function filterHeadRules(cfg: RenderConfig): string {
+  if (cfg.family !== "IPv4" || !cfg.localhostNodePorts) return "";
+  return `-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n`;
+}
+
+/** Static filter rules written after the per-service rules (INVALID drop, KUBE-FORWARD accepts). */
+export function filterTailRules(cfg: RenderConfig, conntrackTCPLiberal: boolean): string {
+  let s = "";
+  if (!conntrackTCPLiberal) s += "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n";
+  s +=
+    `-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark ${cfg.mark}/${cfg.mark} -j ACCEPT\n`;
+  s +=
+    `-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n`;
+  return s;
+}
+
+/** Static nat rules (KUBE-POSTROUTING, KUBE-MARK-MASQ). */
+export function natHeadRules(cfg: RenderConfig, randomFully: boolean): string {
+  return `-A KUBE-POSTROUTING -m mark ! --mark ${cfg.mark}/${cfg.mark} -j RETURN\n` +
+    `-A KUBE-POSTROUTING -j MARK --xor-mark ${cfg.mark}\n` +
+    `-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE${
+      randomFully ? " --random-fully" : ""
+    }\n` +
+    `-A KUBE-MARK-MASQ -j MARK --or-mark ${cfg.mark}\n`;
+}
+
+const NODEPORTS_COMMENT = `"kubernetes service nodeports; NOTE: this must be the last rule in this chain"`;
+
+/**
+ * The final KUBE-SERVICES rule(s) jumping to KUBE-NODEPORTS: one addrtype LOCAL rule when nodePortAddresses
+ * match all, else one rule per allowed node IP (loopback only with localhost NodePorts on IPv4).
+ */
+export function nodePortsTailRules(cfg: RenderConfig, matchAll: boolean, nodeIPs: readonly string[]): string {
+  if (matchAll) {
+    let dest = "-m addrtype --dst-type LOCAL";
+    if (cfg.family === "IPv6") dest += " ! -d ::1/128";
+    else if (!cfg.localhostNodePorts) dest += " ! -d 127.0.0.0/8";
+    return `-A KUBE-SERVICES -m comment --comment ${NODEPORTS_COMMENT} ${dest} -j KUBE-NODEPORTS\n`;
+  }
+  let s = "";
+  for (const ip of nodeIPs) {
+    const loop = cfg.family === "IPv6" ? ip === "::1" : ip.startsWith("127.");
+    if (loop && (cfg.family === "IPv6" || !cfg.localhostNodePorts)) continue;
+    s += `-A KUBE-SERVICES -m comment --comment ${NODEPORTS_COMMENT} -d ${ip} -j KUBE-NODEPORTS\n`;
+  }
+  return s;
+}
+
+/** A jump from a built-in chain into one of ours (upstream `iptablesJumpChains`). */
+export interface JumpRule {
+  readonly table: "filter" | "nat";
+  readonly from: string;
+  readonly to: string;
+  /** Match arguments placed before the comment. */
+  readonly extra: string;
+  /** "" for no comment. */
+  readonly comment: string;
+}
+
+const NEW = "-m conntrack --ctstate NEW";
+
+/** The jump rules, in upstream order (each is inserted at position 1 when missing). */
+export const JUMP_RULES: readonly JumpRule[] = [
+  {
+    table: "filter",
+    from: "INPUT",
+    to: KUBE_EXTERNAL_SERVICES,
+    extra: NEW,
+    comment: "kubernetes externally-visible service portals",
+  },
+  {
+    table: "filter",
+    from: "FORWARD",
+    to: KUBE_EXTERNAL_SERVICES,
+    extra: NEW,
+    comment: "kubernetes externally-visible service portals",
+  },
+  {
+    table: "filter",
+    from: "INPUT",
+    to: KUBE_NODEPORTS,
+    extra: "",
+    comment: "kubernetes health check service ports",
+  },
+  { table: "filter", from: "FORWARD", to: KUBE_SERVICES, extra: NEW, comment: "kubernetes service portals" },
+  { table: "filter", from: "OUTPUT", to: KUBE_SERVICES, extra: NEW, comment: "kubernetes service portals" },
+  { table: "filter", from: "FORWARD", to: KUBE_FORWARD, extra: "", comment: "kubernetes forwarding rules" },
+  {
+    table: "filter",
+    from: "INPUT",
+    to: KUBE_PROXY_FIREWALL,
+    extra: NEW,
+    comment: "kubernetes load balancer firewall",
+  },
+  {
+    table: "filter",
+    from: "OUTPUT",
+    to: KUBE_PROXY_FIREWALL,
+    extra: NEW,
+    comment: "kubernetes load balancer firewall",
+  },
+  {
+    table: "filter",
+    from: "FORWARD",
+    to: KUBE_PROXY_FIREWALL,
+    extra: NEW,
+    comment: "kubernetes load balancer firewall",
+  },
+  { table: "nat", from: "OUTPUT", to: KUBE_SERVICES, extra: "", comment: "kubernetes service portals" },
+  { table: "nat", from: "PREROUTING", to: KUBE_SERVICES, extra: "", comment: "kubernetes service portals" },
+  {
+    table: "nat",
+    from: "POSTROUTING",
+    to: KUBE_POSTROUTING,
+    extra: "",
+    comment: "kubernetes postrouting rules",
+  },
+];
+
+/** kubelet's KUBE-FIREWALL jumps, copied by kube-proxy (only with localhost NodePorts here). */
+export const KUBELET_JUMP_RULES: readonly JumpRule[] = [
+  { table: "filter", from: "INPUT", to: KUBE_FIREWALL, extra: "", comment: "" },
+  { table: "filter", from: "OUTPUT", to: KUBE_FIREWALL, extra: "", comment: "" },
+];
+
+/** The rule text (without `-A/-I CHAIN`) of a jump. */
+export function jumpArgs(j: JumpRule): string {
+  const parts: string[] = [];
+  if (j.extra) parts.push(j.extra);
+  if (j.comment) parts.push(`-m comment --comment "${j.comment}"`);
+  parts.push(`-j ${j.to}`);
+  return parts.join(" ");
+}
+
+/** True when an `iptables-save` rule line is this jump (as iptables-save prints it). */
+export function isJumpLine(line: string, j: JumpRule): boolean {
+  if (!line.startsWith(`-A ${j.from} `) || !line.endsWith(` -j ${j.to}`)) return false;
+  if (j.comment === "") return !line.includes("--comment");
+  return line.includes(`--comment "${j.comment}"`);
+}

@@ -1,0 +1,240 @@
+/**
+ * Test helpers: build ServicePortState objects the way the proxy core would (with a small CategorizeEndpoints
+ * good enough for these fixtures), a recording runner that answers sysctl / iptables-save, and a port of
+ * upstream's `sortIPTablesRules` from proxier_test.go.
+ * @module
+ */
+
+import { type RecordedCall, RecordingCommandRunner } from "../../lib/exec.ts";
+import type {
+  EndpointInfo,
+  IPFamily,
+  Protocol,
+  ProxySnapshot,
+  ServicePortInfo,
+  ServicePortState,
+} from "../../lib/proxy/types.ts";
+import { servicePortNameString } from "../../lib/proxy/types.ts";
+
+export const TEST_NODE = "test-node";
+
+export interface SvcSpec {
+  ns: string;
+  name: string;
+  port?: string;
+  protocol?: Protocol;
+  clusterIP: string;
+  portNum?: number;
+  nodePort?: number;
+  externalIPs?: string[];
+  lbVIPs?: string[];
+  sourceRanges?: string[];
+  affinity?: number;
+  eTPLocal?: boolean;
+  iTPLocal?: boolean;
+  hcnp?: number;
+}
+
+export interface EpSpec {
+  ip: string;
+  port?: number;
+  local?: boolean;
+  ready?: boolean;
+  serving?: boolean;
+  terminating?: boolean;
+}
+
+export function ep(e: EpSpec): EndpointInfo {
+  const port = e.port ?? 80;
+  return {
+    ip: e.ip,
+    port,
+    endpoint: e.ip.includes(":") ? `[${e.ip}]:${port}` : `${e.ip}:${port}`,
+    isLocal: e.local ?? false,
+    ready: e.ready ?? true,
+    serving: e.serving ?? e.ready ?? true,
+    terminating: e.terminating ?? false,
+    zoneHints: null,
+    nodeHints: null,
+    nodeName: e.local ? TEST_NODE : "",
+    zone: "",
+  };
+}
+
+/** Upstream CategorizeEndpoints without topology. */
+export function makeState(s: SvcSpec, eps: EpSpec[]): ServicePortState {
+  const protocol = s.protocol ?? "TCP";
+  const name = { namespace: s.ns, name: s.name, port: s.port ?? "p80", protocol };
+  const info: ServicePortInfo = {
+    name,
+    nameString: servicePortNameString(name),
+    serviceKey: `${s.ns}/${s.name}`,
+    clusterIP: s.clusterIP,
+    port: s.portNum ?? 80,
+    protocol,
+    nodePort: s.nodePort ?? 0,
+    externalIPs: s.externalIPs ?? [],
+    loadBalancerVIPs: s.lbVIPs ?? [],
+    loadBalancerSourceRanges: s.sourceRanges ?? [],
+    stickyMaxAgeSeconds: s.affinity ?? 0,
+    externalPolicyLocal: s.eTPLocal ?? false,
+    internalPolicyLocal: s.iTPLocal ?? false,
+    healthCheckNodePort: s.hcnp ?? 0,
+  };
+  const endpoints = eps.map(ep).sort((
+    a,
+    b,
+  ) => (a.endpoint < b.endpoint ? -1 : a.endpoint > b.endpoint ? 1 : 0));
+  const extAccessible = info.nodePort !== 0 || info.externalIPs.length > 0 ||
+    info.loadBalancerVIPs.length > 0;
+  const extLocal = info.externalPolicyLocal && extAccessible;
+  const usesCluster = !info.internalPolicyLocal || extAccessible;
+  const usesLocal = info.internalPolicyLocal || extLocal;
+  let cluster: EndpointInfo[] | null = null, local: EndpointInfo[] | null = null;
+  if (usesCluster) {
+    cluster = endpoints.filter((e) => e.ready);
+    if (cluster.length === 0) cluster = endpoints.filter((e) => e.serving && e.terminating);
+  }
+  if (usesLocal) {
+    local = endpoints.filter((e) => e.isLocal && e.ready);
+    if (local.length === 0) local = endpoints.filter((e) => e.isLocal && e.serving && e.terminating);
+  }
+  const all = new Map<string, EndpointInfo>();
+  for (const e of [...(cluster ?? []), ...(local ?? [])]) all.set(e.endpoint, e);
+  const allReachableEndpoints = [...all.values()].sort((a, b) =>
+    a.endpoint < b.endpoint ? -1 : a.endpoint > b.endpoint ? 1 : 0
+  );
+  const hasAnyEndpoints = (cluster?.length ?? 0) > 0 || (local?.length ?? 0) > 0 ||
+    (!usesCluster && endpoints.some((e) => e.ready || (e.serving && e.terminating)));
+  return {
+    info,
+    endpoints,
+    selection: { clusterEndpoints: cluster, localEndpoints: local, allReachableEndpoints, hasAnyEndpoints },
+  };
+}
+
+export function snapshot(
+  states: ServicePortState[],
+  opts: { family?: IPFamily; changed?: string[] | null; nodeIPs?: string[] } = {},
+): ProxySnapshot {
+  const m = new Map<string, ServicePortState>();
+  let total = 0;
+  for (const s of states) {
+    m.set(s.info.nameString, s);
+    total += s.endpoints.length;
+  }
+  return {
+    family: opts.family ?? "IPv4",
+    servicePorts: m,
+    changedServices: opts.changed === undefined ? null : opts.changed === null ? null : new Set(opts.changed),
+    node: { name: TEST_NODE, ips: opts.nodeIPs ?? ["192.168.0.2"], labels: {} },
+    totalEndpoints: total,
+  };
+}
+
+/** A recorder answering sysctl be_liberal = 0 and empty iptables-save output. */
+export function recorder(
+  extra?: (c: RecordedCall) => { code?: number; stdout?: string; stderr?: string } | undefined,
+) {
+  return new RecordingCommandRunner((c) => {
+    const r = extra?.(c);
+    if (r) return r;
+    if (c.cmd === "sysctl" && c.args[0] === "-n") return { stdout: "0\n" };
+    return undefined;
+  });
+}
+
+/** Restore payloads handed to `cmd`. */
+export function restores(r: RecordingCommandRunner, cmd = "iptables-restore"): string[] {
+  return r.callsOf(cmd).map((c) => c.stdin);
+}
+
+// ---- port of upstream sortIPTablesRules ----
+
+interface Table {
+  name: string;
+  chains: string[];
+  rules: Map<string, string[]>;
+}
+
+function commentService(rule: string): string | null {
+  const m = rule.match(/--comment (?:"([^"]*)"|(\S+))/);
+  if (!m) return null;
+  const v = m[1] ?? m[2];
+  const i = v.search(/[ :]/);
+  return i === -1 ? v : v.slice(0, i);
+}
+
+function chainOrder(a: string, b: string): number {
+  const rank = (
+    c: string,
+  ) => (c === "KUBE-NODEPORTS" ? 0 : c === "KUBE-SERVICES" ? 1 : c.startsWith("KUBE-") ? 2 : 3);
+  const ra = rank(a), rb = rank(b);
+  if (ra !== rb) return ra - rb;
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/** Sorts an iptables-restore payload like upstream's test helper (tables, chains, service-ordered rules). */
+export function sortIPTablesRules(data: string): string {
+  const tables: Table[] = [];
+  let cur: Table | null = null;
+  for (const line of data.split("\n")) {
+    if (line.startsWith("*")) {
+      cur = { name: line.slice(1), chains: [], rules: new Map() };
+      tables.push(cur);
+    } else if (line.startsWith(":")) {
+      const c = line.slice(1).split(" ")[0];
+      cur!.chains.push(c);
+      cur!.rules.set(c, []);
+    } else if (line.startsWith("-A ")) {
+      const c = line.split(" ")[1];
+      cur!.rules.get(c)!.push(line);
+    }
+  }
+  tables.sort((a, b) => (a.name < b.name ? -1 : 1));
+  let out = "";
+  for (const t of tables) {
+    t.chains.sort(chainOrder);
+    const byName = (a: string, b: string) => {
+      const x = commentService(a), y = commentService(b);
+      if (x === null || y === null) return 0;
+      return x < y ? -1 : x > y ? 1 : 0;
+    };
+    for (const c of ["KUBE-NODEPORTS", "KUBE-SERVICES"]) {
+      const rs = t.rules.get(c);
+      if (!rs) continue;
+      rs.sort((a, b) => {
+        if (t.name === "nat" && c === "KUBE-SERVICES") {
+          if (a.includes("must be the last rule")) return 1;
+          if (b.includes("must be the last rule")) return -1;
+        }
+        return byName(a, b);
+      });
+    }
+    out += `*${t.name}\n`;
+    for (const c of t.chains) out += `:${c} - [0:0]\n`;
+    for (const c of t.chains) for (const r of t.rules.get(c)!) out += r + "\n";
+    out += "COMMIT\n";
+  }
+  return out;
+}
+
+/** Removes our own additions upstream's payload does not have: canary chains, mangle table, -I jump lines. */
+export function stripExtras(payload: string): string {
+  const out: string[] = [];
+  let skip = false;
+  for (const line of payload.split("\n")) {
+    if (line === "*mangle") skip = true;
+    if (!skip && !line.includes("KUBE-PROXY-CANARY") && !line.startsWith("-I ") && !line.startsWith("-X ")) {
+      out.push(line);
+    }
+    if (skip && line === "COMMIT") skip = false;
+  }
+  return out.join("\n");
+}
+
+export function dedent(s: string): string {
+  const lines = s.replace(/^\n/, "").split("\n");
+  const ind = Math.min(...lines.filter((l) => l.trim()).map((l) => l.match(/^\s*/)![0].length));
+  return lines.map((l) => l.slice(ind)).join("\n").replace(/\s+$/, "\n");
+}
