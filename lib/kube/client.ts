@@ -1,0 +1,462 @@
+/**
+ * A small Kubernetes REST client on Deno's native fetch: JSON requests, paginated lists, and watches parsed
+ * line by line as the body arrives (never buffering the whole stream).
+ *
+ * TLS goes through `Deno.createHttpClient` (CA, client certificate and key). `insecure-skip-tls-verify` has
+ * no equivalent there, so that case alone uses node:https with verification off (a warning is logged).
+ * Non-watch requests pass a qps/burst token bucket (`clientConnection.qps`/`burst`, default 5/10).
+ * @module
+ */
+
+import { log } from "../log.ts";
+import type { KubeList, KubeObject, Status, WatchEvent } from "./types.ts";
+import { type LoadOptions, loadRestConfig, type RestConfig } from "./kubeconfig.ts";
+import { TokenBucket } from "./rate_limiter.ts";
+
+/** Version reported in the User-Agent. */
+export const CLIENT_VERSION = "v0.1.0";
+
+/** Options of {@link KubeClient}. */
+export interface KubeClientOptions {
+  /** Requests per second for non-watch requests (default 5, as clientConnection.qps). */
+  qps?: number;
+  /** Burst for non-watch requests (default 10). */
+  burst?: number;
+  /** User-Agent header (default `kube-proxy/<version> (linux/amd64) deno-kube-proxy`). */
+  userAgent?: string;
+  /** How often at most the token file is checked for rotation, in ms (default 10 000; always after a 401). */
+  tokenRecheckMs?: number;
+  /** Timeout of non-watch requests in ms (default 60 000). */
+  requestTimeoutMs?: number;
+  /** Content types accepted (clientConnection.acceptContentTypes); only JSON is decoded. */
+  accept?: string;
+}
+
+/** An HTTP error answer from the API server, with its Status body when there was one. */
+export class KubeApiError extends Error {
+  constructor(
+    /** HTTP status code (or the Status code of an in-stream ERROR event). */
+    readonly code: number,
+    /** Status reason, e.g. "Expired", "Unauthorized". */
+    readonly reason: string,
+    message: string,
+    /** The Status body, when the server sent one. */
+    readonly status?: Status,
+  ) {
+    super(message);
+    this.name = "KubeApiError";
+  }
+}
+
+/** A watch line that is not a valid watch event. */
+export class WatchDecodeError extends Error {
+  constructor(readonly line: string, cause?: unknown) {
+    super(`malformed watch event: ${line.length > 200 ? line.slice(0, 200) + "..." : line}`, { cause });
+    this.name = "WatchDecodeError";
+  }
+}
+
+/** No byte arrived on a watch stream for longer than the inactivity timeout. */
+export class WatchInactivityError extends Error {
+  constructor(ms: number) {
+    super(`watch stream inactive for ${ms} ms, assuming a half-open connection`);
+    this.name = "WatchInactivityError";
+  }
+}
+
+/** Query parameters; undefined values are skipped. */
+export type Query = Record<string, string | number | boolean | undefined>;
+
+/** Options of {@link KubeClient.request}. */
+export interface RequestOptions {
+  query?: Query;
+  body?: unknown;
+  contentType?: string;
+  signal?: AbortSignal;
+}
+
+/** Options of {@link KubeClient.watch}. */
+export interface WatchOptions {
+  /** Abort when no byte arrives for this long (ms); 0/undefined: never. */
+  inactivityMs?: number;
+}
+
+type Fetcher = (url: string, init: RequestInit & { signal?: AbortSignal }) => Promise<Response>;
+
+function goArch(): string {
+  const a = Deno.build.arch as string;
+  return a === "x86_64" ? "amd64" : a === "aarch64" ? "arm64" : a;
+}
+
+/** The default User-Agent, in kube-proxy's `name/version (os/arch) build` form. */
+export function defaultUserAgent(version = CLIENT_VERSION): string {
+  return `kube-proxy/${version} (${Deno.build.os}/${goArch()}) deno-kube-proxy`;
+}
+
+function buildUrl(base: string, path: string, query?: Query): string {
+  let url = base + path;
+  if (query) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== "") q.set(k, String(v));
+    const s = q.toString();
+    if (s) url += (path.includes("?") ? "&" : "?") + s;
+  }
+  return url;
+}
+
+/** Re-reads a token file when it changes (service-account token rotation). */
+class TokenFile {
+  private token = "";
+  private mtime = -1;
+  private checked = -Infinity;
+
+  constructor(readonly path: string, private readonly recheckMs: number) {}
+
+  async get(force = false): Promise<string> {
+    const now = performance.now();
+    if (!force && now - this.checked < this.recheckMs && this.token) return this.token;
+    this.checked = now;
+    try {
+      const st = await Deno.stat(this.path);
+      const m = st.mtime?.getTime() ?? 0;
+      if (force || m !== this.mtime || !this.token) {
+        const t = (await Deno.readTextFile(this.path)).trim();
+        if (t !== this.token && this.token) {
+          log.info("Reloaded the bearer token from its file", { path: this.path });
+        }
+        this.token = t;
+        this.mtime = m;
+      }
+    } catch (e) {
+      if (!this.token) throw e;
+      log.warn("Could not re-read the token file, keeping the previous token", { path: this.path, err: e });
+    }
+    return this.token;
+  }
+}
+
+/** A Kubernetes API client for one server and identity. */
+export class KubeClient {
+  /** The API server base URL. */
+  readonly server: string;
+  private readonly httpClient?: Deno.HttpClient;
+  private readonly fetcher: Fetcher;
+  private readonly limiter: TokenBucket;
+  private readonly userAgent: string;
+  private readonly tokenFile?: TokenFile;
+  private readonly requestTimeoutMs: number;
+  private readonly accept: string;
+  private closed = false;
+
+  constructor(readonly config: RestConfig, opts: KubeClientOptions = {}) {
+    this.server = config.server;
+    this.limiter = new TokenBucket(opts.qps ?? 5, opts.burst ?? 10);
+    this.userAgent = opts.userAgent ?? defaultUserAgent();
+    this.requestTimeoutMs = opts.requestTimeoutMs ?? 60_000;
+    this.accept = "application/json";
+    if (opts.accept && !opts.accept.includes("json")) {
+      log.warn("Only JSON responses are supported; ignoring acceptContentTypes", {
+        acceptContentTypes: opts.accept,
+      });
+    }
+    if (config.tokenFile) this.tokenFile = new TokenFile(config.tokenFile, opts.tokenRecheckMs ?? 10_000);
+    const isHttps = config.server.startsWith("https:");
+    if (isHttps && config.insecure) {
+      log.warn("insecure-skip-tls-verify is set: the API server's certificate is not verified", {
+        server: config.server,
+      });
+      this.fetcher = insecureFetcher(config.certPem, config.keyPem);
+    } else {
+      const o: Deno.CreateHttpClientOptions & { cert?: string; key?: string } = {};
+      if (config.caPem) o.caCerts = [config.caPem];
+      if (config.certPem && config.keyPem) {
+        o.cert = config.certPem;
+        o.key = config.keyPem;
+      }
+      this.httpClient = Deno.createHttpClient(o);
+      const client = this.httpClient;
+      this.fetcher = (url, init) => fetch(url, { ...init, client });
+    }
+  }
+
+  private async headers(extra?: Record<string, string>, forceToken = false): Promise<Headers> {
+    const h = new Headers({ "User-Agent": this.userAgent, "Accept": this.accept, ...extra });
+    const c = this.config;
+    if (this.tokenFile) h.set("Authorization", `Bearer ${await this.tokenFile.get(forceToken)}`);
+    else if (c.token) h.set("Authorization", `Bearer ${c.token}`);
+    else if (c.username !== undefined) {
+      h.set("Authorization", `Basic ${btoa(`${c.username}:${c.password ?? ""}`)}`);
+    }
+    if (c.authHeaders) { for (const [k, v] of Object.entries(await c.authHeaders())) h.set(k, v); }
+    return h;
+  }
+
+  /** Sends one request and returns the raw Response (errors are not thrown for HTTP status codes). */
+  private async send(
+    method: string,
+    url: string,
+    body: string | undefined,
+    contentType: string | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<Response> {
+    if (this.closed) throw new Error("KubeClient is closed");
+    let res = await this.fetcher(url, {
+      method,
+      headers: await this.headers(contentType ? { "Content-Type": contentType } : undefined),
+      body,
+      signal,
+    });
+    if (res.status === 401 && this.tokenFile) {
+      // The token may have rotated since the last check: re-read it now and try once more.
+      await res.body?.cancel();
+      res = await this.fetcher(url, {
+        method,
+        headers: await this.headers(contentType ? { "Content-Type": contentType } : undefined, true),
+        body,
+        signal,
+      });
+    }
+    return res;
+  }
+
+  /** Sends a non-watch request (rate limited) and decodes the JSON answer; throws KubeApiError on >= 400. */
+  async request<T = unknown>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
+    await this.limiter.take(opts.signal);
+    const timeout = AbortSignal.timeout(this.requestTimeoutMs);
+    const signal = opts.signal ? AbortSignal.any([opts.signal, timeout]) : timeout;
+    const body = opts.body === undefined ? undefined : JSON.stringify(opts.body);
+    const res = await this.send(
+      method,
+      buildUrl(this.server, path, opts.query),
+      body,
+      body === undefined ? undefined : (opts.contentType ?? "application/json"),
+      signal,
+    );
+    const text = await res.text();
+    if (res.status >= 400) throw errorFrom(res.status, text, method, path);
+    if (!text) return undefined as T;
+    try {
+      return JSON.parse(text) as T;
+    } catch {
+      throw new KubeApiError(res.status, "BadResponse", `${method} ${path}: response is not JSON`);
+    }
+  }
+
+  /** One page of a list. */
+  list<T extends KubeObject = KubeObject>(
+    path: string,
+    query?: Query,
+    signal?: AbortSignal,
+  ): Promise<KubeList<T>> {
+    return this.request<KubeList<T>>("GET", path, { query, signal });
+  }
+
+  /** GET of one object. */
+  get<T extends KubeObject = KubeObject>(path: string, signal?: AbortSignal): Promise<T> {
+    return this.request<T>("GET", path, { signal });
+  }
+
+  /** POST to a collection path. */
+  create<T extends KubeObject = KubeObject>(path: string, obj: T, signal?: AbortSignal): Promise<T> {
+    return this.request<T>("POST", path, { body: obj, signal });
+  }
+
+  /** PUT to an object path. */
+  update<T extends KubeObject = KubeObject>(path: string, obj: T, signal?: AbortSignal): Promise<T> {
+    return this.request<T>("PUT", path, { body: obj, signal });
+  }
+
+  /** PATCH (JSON merge patch by default) of an object path. */
+  patch<T extends KubeObject = KubeObject>(
+    path: string,
+    patch: unknown,
+    contentType = "application/merge-patch+json",
+    signal?: AbortSignal,
+  ): Promise<T> {
+    return this.request<T>("PATCH", path, { body: patch, contentType, signal });
+  }
+
+  /** DELETE of an object path. */
+  delete(path: string, signal?: AbortSignal): Promise<Status> {
+    return this.request<Status>("DELETE", path, { signal });
+  }
+
+  /**
+   * Opens a watch (`watch=true` is added to `query`) and yields its events as lines arrive. HTTP errors throw
+   * KubeApiError; a line that is not an event throws WatchDecodeError; silence longer than `inactivityMs`
+   * throws WatchInactivityError. In-stream ERROR events are yielded as they are. A clean end of the stream
+   * ends the iteration. Watches are not rate limited (as client-go).
+   */
+  async *watch<T extends KubeObject = KubeObject>(
+    path: string,
+    query: Query = {},
+    signal?: AbortSignal,
+    opts: WatchOptions = {},
+  ): AsyncGenerator<WatchEvent<T>> {
+    const ctl = new AbortController();
+    const onAbort = () => ctl.abort(signal?.reason);
+    if (signal) {
+      if (signal.aborted) throw signal.reason;
+      signal.addEventListener("abort", onAbort, { once: true });
+    }
+    const inactivityMs = opts.inactivityMs ?? 0;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let inactive = false;
+    const arm = () => {
+      if (inactivityMs <= 0) return;
+      if (timer !== undefined) clearTimeout(timer);
+      timer = setTimeout(() => {
+        inactive = true;
+        ctl.abort(new WatchInactivityError(inactivityMs));
+      }, inactivityMs);
+    };
+    let reader: ReadableStreamDefaultReader<Uint8Array> | undefined;
+    try {
+      arm();
+      let res: Response;
+      try {
+        res = await this.send(
+          "GET",
+          buildUrl(this.server, path, { ...query, watch: "true" }),
+          undefined,
+          undefined,
+          ctl.signal,
+        );
+      } catch (e) {
+        if (inactive) throw new WatchInactivityError(inactivityMs);
+        throw e;
+      }
+      if (res.status >= 400) {
+        const text = await res.text();
+        throw errorFrom(res.status, text, "WATCH", path);
+      }
+      if (!res.body) return;
+      reader = res.body.getReader();
+      const decoder = new TextDecoder();
+      let buf = "";
+      while (true) {
+        arm();
+        let chunk: ReadableStreamReadResult<Uint8Array>;
+        try {
+          chunk = await reader.read();
+        } catch (e) {
+          if (inactive) throw new WatchInactivityError(inactivityMs);
+          throw e;
+        }
+        if (chunk.done) break;
+        buf += decoder.decode(chunk.value, { stream: true });
+        let start = 0;
+        let nl: number;
+        while ((nl = buf.indexOf("\n", start)) !== -1) {
+          const line = buf.slice(start, nl);
+          start = nl + 1;
+          if (line.length === 0 || line === "\r") continue;
+          yield decodeEvent<T>(line);
+        }
+        buf = start === 0 ? buf : buf.slice(start);
+      }
+      buf += decoder.decode();
+      if (buf.trim() !== "") yield decodeEvent<T>(buf);
+    } finally {
+      if (timer !== undefined) clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+      if (reader) {
+        reader.cancel().catch(() => {});
+      }
+      ctl.abort();
+    }
+  }
+
+  /** Releases the connection pool; further requests fail. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.httpClient?.close();
+  }
+}
+
+/** Parses one watch line; throws WatchDecodeError if it is not `{type, object}`. */
+export function decodeEvent<T>(line: string): WatchEvent<T> {
+  let ev: WatchEvent<T>;
+  try {
+    ev = JSON.parse(line);
+  } catch (e) {
+    throw new WatchDecodeError(line, e);
+  }
+  if (
+    ev === null || typeof ev !== "object" || typeof ev.type !== "string" || typeof ev.object !== "object" ||
+    !ev.object
+  ) {
+    throw new WatchDecodeError(line);
+  }
+  return ev;
+}
+
+function errorFrom(code: number, text: string, method: string, path: string): KubeApiError {
+  let st: Status | undefined;
+  try {
+    const j = JSON.parse(text);
+    if (j && j.kind === "Status") st = j;
+  } catch { /* not JSON */ }
+  const reason = st?.reason ?? (code === 401 ? "Unauthorized" : code === 403 ? "Forbidden" : "Unknown");
+  let message = st?.message ?? (text.slice(0, 200) || `HTTP ${code}`);
+  if (code === 401) {
+    message =
+      `${method} ${path}: Unauthorized (401): the API server rejected our credentials; check the token or client certificate (${message})`;
+  } else if (code === 403) {
+    message = `${method} ${path}: Forbidden (403): the credentials lack RBAC permission (${message})`;
+  } else {
+    message = `${method} ${path}: ${code} ${reason}: ${message}`;
+  }
+  return new KubeApiError(code, reason, message, st);
+}
+
+function insecureFetcher(certPem?: string, keyPem?: string): Fetcher {
+  return async (url, init) => {
+    const https = await import("node:https");
+    const headers: Record<string, string> = {};
+    new Headers(init.headers).forEach((v, k) => headers[k] = v);
+    return await new Promise<Response>((resolve, reject) => {
+      const req = https.request(url, {
+        method: init.method ?? "GET",
+        headers,
+        rejectUnauthorized: false,
+        cert: certPem,
+        key: keyPem,
+        signal: init.signal ?? undefined,
+      }, (res) => {
+        const body = new ReadableStream<Uint8Array>({
+          start(c) {
+            res.on("data", (d: Uint8Array) => c.enqueue(new Uint8Array(d)));
+            res.on("end", () => {
+              try {
+                c.close();
+              } catch { /* cancelled */ }
+            });
+            res.on("error", (e: Error) => {
+              try {
+                c.error(e);
+              } catch { /* cancelled */ }
+            });
+          },
+          cancel() {
+            res.destroy();
+          },
+        });
+        const h = new Headers();
+        for (const [k, v] of Object.entries(res.headers)) if (typeof v === "string") h.set(k, v);
+        resolve(new Response(body, { status: res.statusCode ?? 500, headers: h }));
+      });
+      req.on("error", reject);
+      if (typeof init.body === "string") req.write(init.body);
+      req.end();
+    });
+  };
+}
+
+/** Loads the configuration ({@link loadRestConfig}) and returns a client; throws KubeConfigError. */
+export async function createKubeClient(load: LoadOptions, opts: KubeClientOptions = {}): Promise<KubeClient> {
+  const cfg = await loadRestConfig(load);
+  log.info("Using API server", { server: cfg.server, source: cfg.source });
+  return new KubeClient(cfg, opts);
+}

@@ -1,0 +1,255 @@
+/**
+ * Informers: a cache of one resource kept current by a {@link Reflector}, and ordered event handlers.
+ *
+ * As client-go's shared informer: objects are keyed `namespace/name` (or `name`), `hasSynced()` turns true
+ * once the first list has been delivered, a relist emits only the differences (objects whose
+ * resourceVersion did not change emit nothing), and every `resyncMs` each cached object is re-delivered as
+ * `onUpdate(obj, obj)`. Handlers run synchronously in registration order; one that throws is logged and the
+ * others (and the informer) carry on.
+ *
+ * The factories apply kube-proxy's selectors (cmd/kube-proxy/app/server.go): Services and EndpointSlices
+ * without the `service.kubernetes.io/service-proxy-name` and `service.kubernetes.io/headless` labels,
+ * Services also with `spec.clusterIP!=None`, and only this node's Node.
+ * @module
+ */
+
+import { log, type Logger } from "../log.ts";
+import type { EndpointSlice, KubeObject, Node, Service } from "./types.ts";
+import { LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME } from "./types.ts";
+import type { KubeClient } from "./client.ts";
+import { Reflector, type ReflectorOptions, type ReflectorStore } from "./reflector.ts";
+
+/** Callbacks of an informer. All optional. */
+export interface EventHandler<T> {
+  /** A new object (`initial` is true while the first list is delivered). */
+  onAdd?(obj: T, initial: boolean): void;
+  /** A changed object, or `(obj, obj)` on resync. */
+  onUpdate?(oldObj: T, obj: T): void;
+  /** A removed object (its last known state). */
+  onDelete?(obj: T): void;
+}
+
+/** Options of {@link Informer}. */
+export interface InformerOptions extends Omit<ReflectorOptions, "path"> {
+  /** Resync period (configSyncPeriod) in ms; 0 disables (default 0). */
+  resyncMs?: number;
+}
+
+/** The cache key of an object: `namespace/name`, or `name` for cluster-scoped objects. */
+export function objectKey(obj: KubeObject): string {
+  const m = obj.metadata;
+  return m?.namespace ? `${m.namespace}/${m.name}` : `${m?.name}`;
+}
+
+/** A cache of one resource kept in sync with the API server, with event handlers. */
+export class Informer<T extends KubeObject> implements ReflectorStore<T> {
+  private readonly cache = new Map<string, T>();
+  private readonly handlers: EventHandler<T>[] = [];
+  private readonly syncedCallbacks: (() => void)[] = [];
+  private synced = false;
+  private controller?: AbortController;
+  private running?: Promise<void>;
+  private resyncTimer?: ReturnType<typeof setInterval>;
+  private readonly log: Logger;
+  /** The list/watch loop. */
+  readonly reflector: Reflector<T>;
+
+  constructor(client: KubeClient, readonly path: string, private readonly opts: InformerOptions = {}) {
+    this.reflector = new Reflector<T>(client, this, { ...opts, path });
+    this.log = log.with({ informer: opts.name ?? path });
+  }
+
+  /** Adds a handler; if the cache is already synced, it first gets onAdd for every cached object. */
+  addEventHandler(h: EventHandler<T>): () => void {
+    this.handlers.push(h);
+    if (this.synced && h.onAdd) {
+      for (const obj of this.cache.values()) this.call(h, "onAdd", () => h.onAdd!(obj, true));
+    }
+    return () => {
+      const i = this.handlers.indexOf(h);
+      if (i >= 0) this.handlers.splice(i, 1);
+    };
+  }
+
+  /** True once the first list has been delivered to the handlers. */
+  hasSynced(): boolean {
+    return this.synced;
+  }
+
+  /** Runs `cb` once synced (at once if already synced). */
+  onSynced(cb: () => void): void {
+    if (this.synced) cb();
+    else this.syncedCallbacks.push(cb);
+  }
+
+  /** Resolves true when synced, or false if `signal` aborts first. */
+  waitForSync(signal?: AbortSignal): Promise<boolean> {
+    if (this.synced) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const onAbort = () => resolve(false);
+      if (signal?.aborted) return resolve(false);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      this.syncedCallbacks.push(() => {
+        signal?.removeEventListener("abort", onAbort);
+        resolve(true);
+      });
+    });
+  }
+
+  /** All cached objects. */
+  list(): T[] {
+    return [...this.cache.values()];
+  }
+
+  /** Cached object by key (`namespace/name` or `name`). */
+  get(key: string): T | undefined {
+    return this.cache.get(key);
+  }
+
+  /** Number of cached objects. */
+  get size(): number {
+    return this.cache.size;
+  }
+
+  /** resourceVersion of the last list, event or bookmark. */
+  get lastResourceVersion(): string {
+    return this.reflector.lastResourceVersion;
+  }
+
+  /** Starts list/watch (and resync) in the background; stops when `signal` aborts or on {@link stop}. */
+  start(signal?: AbortSignal): void {
+    if (this.running) return;
+    this.controller = new AbortController();
+    const ctl = this.controller;
+    if (signal) {
+      if (signal.aborted) ctl.abort();
+      else signal.addEventListener("abort", () => ctl.abort(), { once: true });
+    }
+    this.running = this.reflector.run(ctl.signal).catch((e) => this.log.error("Reflector stopped", e));
+    const resync = this.opts.resyncMs ?? 0;
+    if (resync > 0) {
+      this.resyncTimer = setInterval(() => this.resync(), resync);
+      ctl.signal.addEventListener("abort", () => clearInterval(this.resyncTimer), { once: true });
+    }
+  }
+
+  /** Stops list/watch and resync; resolves when the loop has ended. */
+  async stop(): Promise<void> {
+    this.controller?.abort();
+    if (this.resyncTimer !== undefined) clearInterval(this.resyncTimer);
+    await this.running;
+    this.running = undefined;
+  }
+
+  /** Re-delivers every cached object as onUpdate(obj, obj). */
+  resync(): void {
+    if (!this.synced) return;
+    for (const obj of this.cache.values()) this.dispatch("onUpdate", (h) => h.onUpdate?.(obj, obj));
+  }
+
+  // ReflectorStore
+
+  /** @internal Replaces the cache with a list result, emitting only the differences. */
+  replace(items: T[], _rv: string): void {
+    const initial = !this.synced;
+    const seen = new Set<string>();
+    for (const obj of items) {
+      const key = objectKey(obj);
+      seen.add(key);
+      const old = this.cache.get(key);
+      this.cache.set(key, obj);
+      if (!old) this.dispatch("onAdd", (h) => h.onAdd?.(obj, initial));
+      else if (old.metadata?.resourceVersion !== obj.metadata?.resourceVersion) {
+        this.dispatch("onUpdate", (h) => h.onUpdate?.(old, obj));
+      }
+    }
+    if (this.cache.size !== seen.size) {
+      for (const [key, old] of this.cache) {
+        if (seen.has(key)) continue;
+        this.cache.delete(key);
+        this.dispatch("onDelete", (h) => h.onDelete?.(old));
+      }
+    }
+    if (!this.synced) {
+      this.synced = true;
+      this.log.v(2).info("Caches populated", { objects: this.cache.size });
+      const cbs = this.syncedCallbacks.splice(0);
+      for (const cb of cbs) {
+        try {
+          cb();
+        } catch (e) {
+          this.log.error("onSynced callback failed", e);
+        }
+      }
+    }
+  }
+
+  /** @internal */
+  upsert(obj: T): void {
+    const key = objectKey(obj);
+    const old = this.cache.get(key);
+    this.cache.set(key, obj);
+    if (old) this.dispatch("onUpdate", (h) => h.onUpdate?.(old, obj));
+    else this.dispatch("onAdd", (h) => h.onAdd?.(obj, false));
+  }
+
+  /** @internal */
+  remove(obj: T): void {
+    const key = objectKey(obj);
+    const old = this.cache.get(key);
+    this.cache.delete(key);
+    this.dispatch("onDelete", (h) => h.onDelete?.(old ?? obj));
+  }
+
+  private dispatch(what: string, f: (h: EventHandler<T>) => void): void {
+    for (const h of this.handlers) this.call(h, what, () => f(h));
+  }
+
+  private call(_h: EventHandler<T>, what: string, f: () => void): void {
+    try {
+      f();
+    } catch (e) {
+      this.log.error("Event handler failed", e, { handler: what });
+    }
+  }
+}
+
+/** kube-proxy's label selector for Services and EndpointSlices (labels.Selector.String() sorts by key). */
+export const PROXY_LABEL_SELECTOR = `!${LABEL_HEADLESS},!${LABEL_SERVICE_PROXY_NAME}`;
+/** kube-proxy's field selector for Services: no headless services. */
+export const SERVICE_FIELD_SELECTOR = "spec.clusterIP!=None";
+
+/** Services kube-proxy handles: `/api/v1/services`, label and field selectors as upstream. */
+export function newServiceInformer(client: KubeClient, opts: InformerOptions = {}): Informer<Service> {
+  return new Informer<Service>(client, "/api/v1/services", {
+    name: "services",
+    labelSelector: PROXY_LABEL_SELECTOR,
+    fieldSelector: SERVICE_FIELD_SELECTOR,
+    ...opts,
+  });
+}
+
+/** EndpointSlices kube-proxy handles: `/apis/discovery.k8s.io/v1/endpointslices`, same label selector. */
+export function newEndpointSliceInformer(
+  client: KubeClient,
+  opts: InformerOptions = {},
+): Informer<EndpointSlice> {
+  return new Informer<EndpointSlice>(client, "/apis/discovery.k8s.io/v1/endpointslices", {
+    name: "endpointslices",
+    labelSelector: PROXY_LABEL_SELECTOR,
+    ...opts,
+  });
+}
+
+/** This node only: `/api/v1/nodes` with `fieldSelector=metadata.name=<nodeName>`. */
+export function newNodeInformer(
+  client: KubeClient,
+  nodeName: string,
+  opts: InformerOptions = {},
+): Informer<Node> {
+  return new Informer<Node>(client, "/api/v1/nodes", {
+    name: "nodes",
+    fieldSelector: `metadata.name=${nodeName}`,
+    ...opts,
+  });
+}

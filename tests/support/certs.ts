@@ -1,0 +1,175 @@
+/**
+ * Test certificates made with openssl: a CA, a server certificate for 127.0.0.1/localhost and client
+ * certificates whose keys are in PKCS#8, SEC1 (EC) and PKCS#1 (RSA) form.
+ * @module
+ */
+
+/** PEM files of a throwaway PKI, and their paths in `dir`. */
+export interface TestPki {
+  dir: string;
+  caCert: string;
+  caKey: string;
+  serverCert: string;
+  serverKey: string;
+  /** Client certificate CN=system:kube-proxy, O=system:node-proxier (EC P-256), key in PKCS#8. */
+  clientCert: string;
+  clientKeyPkcs8: string;
+  /** The same EC key in SEC1 form (`BEGIN EC PRIVATE KEY`). */
+  clientKeySec1: string;
+  /** A second client certificate with an RSA key in PKCS#1 form (`BEGIN RSA PRIVATE KEY`). */
+  rsaClientCert: string;
+  rsaClientKeyPkcs1: string;
+  /** Paths of the files above, by the same names. */
+  paths: Record<
+    | "caCert"
+    | "serverCert"
+    | "serverKey"
+    | "clientCert"
+    | "clientKeyPkcs8"
+    | "clientKeySec1"
+    | "rsaClientCert"
+    | "rsaClientKeyPkcs1",
+    string
+  >;
+}
+
+async function openssl(dir: string, args: string[]): Promise<void> {
+  const out = await new Deno.Command("openssl", { args, cwd: dir, stdout: "null", stderr: "piped" }).output();
+  if (!out.success) {
+    throw new Error(`openssl ${args.join(" ")} failed: ${new TextDecoder().decode(out.stderr)}`);
+  }
+}
+
+/** Creates a CA, a server certificate and client certificates (all key formats) in a new temp dir. */
+export async function makeTestPki(): Promise<TestPki> {
+  const dir = await Deno.makeTempDir({ prefix: "kube-pki-" });
+  const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"];
+  await openssl(dir, [
+    "req",
+    "-x509",
+    ...ec,
+    "-nodes",
+    "-keyout",
+    "ca.key",
+    "-out",
+    "ca.crt",
+    "-days",
+    "2",
+    "-subj",
+    "/CN=test-ca",
+  ]);
+  await Deno.writeTextFile(
+    `${dir}/server.ext`,
+    "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n",
+  );
+  await openssl(dir, [
+    "req",
+    ...ec,
+    "-nodes",
+    "-keyout",
+    "server.key",
+    "-out",
+    "server.csr",
+    "-subj",
+    "/CN=kube-apiserver",
+  ]);
+  await openssl(dir, [
+    "x509",
+    "-req",
+    "-in",
+    "server.csr",
+    "-CA",
+    "ca.crt",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    "server.crt",
+    "-days",
+    "2",
+    "-extfile",
+    "server.ext",
+  ]);
+  await Deno.writeTextFile(`${dir}/client.ext`, "extendedKeyUsage=clientAuth\n");
+  await openssl(dir, [
+    "req",
+    ...ec,
+    "-nodes",
+    "-keyout",
+    "client.pkcs8.key",
+    "-out",
+    "client.csr",
+    "-subj",
+    "/O=system:node-proxier/CN=system:kube-proxy",
+  ]);
+  await openssl(dir, [
+    "x509",
+    "-req",
+    "-in",
+    "client.csr",
+    "-CA",
+    "ca.crt",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    "client.crt",
+    "-days",
+    "2",
+    "-extfile",
+    "client.ext",
+  ]);
+  await openssl(dir, ["ec", "-in", "client.pkcs8.key", "-out", "client.sec1.key"]);
+  await openssl(dir, ["genrsa", "-traditional", "-out", "rsa.pkcs1.key", "2048"]);
+  await openssl(dir, [
+    "req",
+    "-new",
+    "-key",
+    "rsa.pkcs1.key",
+    "-out",
+    "rsa.csr",
+    "-subj",
+    "/O=system:node-proxier/CN=system:kube-proxy-rsa",
+  ]);
+  await openssl(dir, [
+    "x509",
+    "-req",
+    "-in",
+    "rsa.csr",
+    "-CA",
+    "ca.crt",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    "rsa.crt",
+    "-days",
+    "2",
+    "-extfile",
+    "client.ext",
+  ]);
+  const paths = {
+    caCert: `${dir}/ca.crt`,
+    serverCert: `${dir}/server.crt`,
+    serverKey: `${dir}/server.key`,
+    clientCert: `${dir}/client.crt`,
+    clientKeyPkcs8: `${dir}/client.pkcs8.key`,
+    clientKeySec1: `${dir}/client.sec1.key`,
+    rsaClientCert: `${dir}/rsa.crt`,
+    rsaClientKeyPkcs1: `${dir}/rsa.pkcs1.key`,
+  };
+  const read = (p: string) => Deno.readTextFile(p);
+  return {
+    dir,
+    caCert: await read(paths.caCert),
+    caKey: await read(`${dir}/ca.key`),
+    serverCert: await read(paths.serverCert),
+    serverKey: await read(paths.serverKey),
+    clientCert: await read(paths.clientCert),
+    clientKeyPkcs8: await read(paths.clientKeyPkcs8),
+    clientKeySec1: await read(paths.clientKeySec1),
+    rsaClientCert: await read(paths.rsaClientCert),
+    rsaClientKeyPkcs1: await read(paths.rsaClientKeyPkcs1),
+    paths,
+  };
+}
