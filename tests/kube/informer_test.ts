@@ -3,7 +3,7 @@ import { ApiServerSimulator } from "../support/apiserver.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
 import {
   type EventHandler,
-  Informer,
+  type Informer,
   newEndpointSliceInformer,
   newNodeInformer,
   newServiceInformer,
