@@ -77,39 +77,6 @@ Deno.test("golden: reference §2.4 example, line for line", async () => {
   );
 });
 
-/** The services and endpoints of upstream's TestOverallIPTablesRules. */
-export function overallFixture() {
-  return [
-    makeState({ ns: "ns1", name: "svc1", clusterIP: "172.30.0.41" }, [{ ip: "10.180.0.1" }]),
-    makeState({
-      ns: "ns2",
-      name: "svc2",
-      clusterIP: "172.30.0.42",
-      nodePort: 3001,
-      lbVIPs: ["1.2.3.4"],
-      externalIPs: ["192.168.99.22"],
-      eTPLocal: true,
-      hcnp: 30000,
-    }, [{ ip: "10.180.0.2" }]),
-    makeState({ ns: "ns3", name: "svc3", clusterIP: "172.30.0.43", nodePort: 3003 }, [{ ip: "10.180.0.3" }]),
-    makeState({ ns: "ns4", name: "svc4", clusterIP: "172.30.0.44", externalIPs: ["192.168.99.33"] }, [
-      { ip: "10.180.0.4" },
-      { ip: "10.180.0.5", local: true },
-    ]),
-    makeState({
-      ns: "ns5",
-      name: "svc5",
-      clusterIP: "172.30.0.45",
-      nodePort: 3002,
-      lbVIPs: ["5.6.7.8"],
-      hcnp: 30000,
-      sourceRanges: ["203.0.113.0/25"],
-      affinity: 10800,
-    }, [{ ip: "10.180.0.3" }]),
-    makeState({ ns: "ns6", name: "svc6", clusterIP: "172.30.0.46" }, []),
-  ];
-}
-
 // Upstream's expected output (proxier_test.go TestOverallIPTablesRules), with the two differences this
 // implementation has on purpose: no nfacct matches (no nfacct counters here, as upstream when nfacct is
 // unavailable), and upstream's fake proxier spells the mark "0x4000" where the real one writes 0x00004000.

@@ -1,0 +1,347 @@
+/** IptablesDataplane behaviour with a recording runner: exact payloads, partial syncs, failures, stale chains. */
+import assert from "node:assert/strict";
+import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
+import {
+  detectLocalByBridgeInterface,
+  detectLocalByCIDR,
+  detectLocalByInterfaceNamePrefix,
+  newLocalDetector,
+} from "../../lib/iptables/local_detector.ts";
+import { configureLogging } from "../../lib/log.ts";
+import { makeState, recorder, restores, snapshot } from "./fixtures.ts";
+import { overallFixture } from "./fixtures.ts";
+
+const logs: string[] = [];
+configureLogging({ sink: (l) => logs.push(l) });
+
+const svcA = (eps = [{ ip: "10.180.0.1" }, { ip: "10.180.0.2" }]) =>
+  makeState({ ns: "ns1", name: "a", clusterIP: "172.30.0.1" }, eps);
+const svcB = () =>
+  makeState({ ns: "ns1", name: "b", clusterIP: "172.30.0.2", nodePort: 30002 }, [{ ip: "10.1.0.9" }]);
+
+function dp(r = recorder(), extra: Partial<ConstructorParameters<typeof IptablesDataplane>[0]> = {}) {
+  return new IptablesDataplane({
+    family: "IPv4",
+    runner: r,
+    localDetector: detectLocalByCIDR("10.0.0.0/8"),
+    ...extra,
+  });
+}
+
+Deno.test("first sync: sysctls, one iptables-save per table, missing jumps inserted, canaries, one restore", async () => {
+  const r = recorder();
+  const res = await dp(r).sync(snapshot([svcA()]));
+  assert.equal(res.full, true);
+  assert.deepEqual(r.calls.map((c) => [c.cmd, ...c.args].join(" ")), [
+    "sysctl -n net.ipv4.conf.all.route_localnet",
+    "sysctl -w net.ipv4.conf.all.route_localnet=1",
+    "sysctl -n net.netfilter.nf_conntrack_tcp_be_liberal",
+    "iptables-save -t filter",
+    "iptables-save -t nat",
+    "iptables-restore --noflush --counters -w 5 -W 100000",
+  ]);
+  const p = restores(r)[0];
+  assert.ok(
+    p.includes(
+      '-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES\n',
+    ),
+  );
+  assert.ok(
+    p.includes('-I POSTROUTING 1 -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING\n'),
+  );
+  assert.ok(p.includes("-I INPUT 1 -j KUBE-FIREWALL\n"));
+  assert.ok(p.includes("*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n"));
+  assert.ok(p.includes("-j MASQUERADE --random-fully\n"));
+  assert.ok(p.includes("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"));
+  assert.equal(res.payloadBytes, new TextEncoder().encode(p).byteLength);
+});
+
+Deno.test("existing jump rules are not inserted again", async () => {
+  const saved =
+    `*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES\nCOMMIT\n`;
+  const r = recorder((
+    c,
+  ) => (c.cmd === "iptables-save" && c.args[1] === "filter" ? { stdout: saved } : undefined));
+  await dp(r).sync(snapshot([svcA()]));
+  const p = restores(r)[0];
+  assert.ok(
+    !p.includes('-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible'),
+  );
+  assert.ok(
+    p.includes('-I FORWARD 1 -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible'),
+  );
+});
+
+Deno.test("partial sync: only changed services' chains, no other program runs", async () => {
+  const r = recorder();
+  const d = dp(r);
+  await d.sync(snapshot([svcA(), svcB()]));
+  const before = r.calls.length;
+  const res = await d.sync(snapshot([svcA([{ ip: "10.180.0.1" }]), svcB()], { changed: ["ns1/a"] }));
+  assert.equal(res.full, false);
+  assert.deepEqual(r.calls.slice(before).map((c) => c.cmd), ["iptables-restore"]);
+  const p = restores(r)[1];
+  // b's chains are not written, but its dispatch rules are.
+  assert.ok(!p.match(/^:KUBE-EXT-/m), "b's EXT chain is not rewritten");
+  assert.equal(p.match(/^:KUBE-SVC-/gm)?.length, 1);
+  assert.ok(p.includes(`-A KUBE-NODEPORTS -m comment --comment ns1/b:p80 -m tcp -p tcp --dport 30002`));
+  assert.equal(p.match(/^-A KUBE-SEP-/gm)?.length, 2, "only a's remaining SEP rules");
+  assert.ok(!p.includes("10.1.0.9:80"));
+  // The endpoint that went away is flushed and deleted.
+  assert.match(p, /^-X KUBE-SEP-\w+$/m);
+  assert.equal(p.match(/^-X /gm)?.length, 1);
+  assert.ok(!p.includes("KUBE-PROXY-CANARY"));
+  assert.ok(!p.includes("-I "));
+});
+
+Deno.test("stale chains: a deleted service's chains are deleted from memory, without iptables-save", async () => {
+  const r = recorder();
+  const d = dp(r);
+  await d.sync(snapshot([svcA(), svcB()]));
+  await d.sync(snapshot([svcA()], { changed: ["ns1/b"] }));
+  const p = restores(r)[1];
+  const deleted = [...p.matchAll(/^-X (\S+)$/gm)].map((m) => m[1]).sort();
+  assert.equal(deleted.length, 3); // EXT, SVC, SEP of b
+  assert.ok(deleted.every((c) => /^KUBE-(EXT|SVC|SEP)-/.test(c)));
+  for (const c of deleted) assert.ok(p.includes(`:${c} - [0:0]\n`));
+  assert.ok(!p.includes("ns1/b"));
+  assert.equal(r.callsOf("iptables-save").length, 2); // only the first sync's scan
+  // And a later full sync does not delete them again.
+  await d.sync(snapshot([svcA()]));
+  assert.ok(!restores(r)[2].includes("-X "));
+});
+
+Deno.test("leftover chains of an earlier run are deleted on the first full sync", async () => {
+  const saved =
+    "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-OLDOLDOLDOLDOLD1 - [0:0]\n:KUBE-SEP-OLDOLDOLDOLDOLD2 - [0:0]\n:OTHER - [0:0]\nCOMMIT\n";
+  const r = recorder((
+    c,
+  ) => (c.cmd === "iptables-save" && c.args[1] === "nat" ? { stdout: saved } : undefined));
+  await dp(r).sync(snapshot([svcA()]));
+  const p = restores(r)[0];
+  assert.ok(p.includes("-X KUBE-SVC-OLDOLDOLDOLDOLD1\n"));
+  assert.ok(p.includes("-X KUBE-SEP-OLDOLDOLDOLDOLD2\n"));
+  assert.ok(!p.includes("-X OTHER"));
+});
+
+Deno.test("failed restore: logs the failing line, counts, rejects, next sync is full", async () => {
+  let fail = false;
+  const r = recorder((c) =>
+    c.cmd === "iptables-restore" && fail
+      ? { code: 2, stderr: "iptables-restore: line 3 failed\n" }
+      : undefined
+  );
+  const d = dp(r);
+  await d.sync(snapshot([svcA()]));
+  fail = true;
+  logs.length = 0;
+  await assert.rejects(d.sync(snapshot([svcA([{ ip: "10.180.0.1" }])], { changed: ["ns1/a"] })));
+  const line3 = restores(r)[1].split("\n")[2];
+  assert.ok(
+    logs.some((l) =>
+      l.includes("Failed to execute iptables-restore") && l.includes(JSON.stringify(line3).slice(1, -1))
+    ),
+  );
+  fail = false;
+  assert.equal(await d.needsFullSync(), true);
+  const res = await d.sync(snapshot([svcA([{ ip: "10.180.0.1" }])], { changed: [] }));
+  assert.equal(res.full, true);
+  assert.ok(restores(r)[2].includes("KUBE-PROXY-CANARY"));
+  assert.equal(r.callsOf("iptables-save").length, 4, "jumps re-verified after a failure");
+});
+
+Deno.test("canary gone → needsFullSync true and the next sync is full", async () => {
+  let gone = false;
+  const r = recorder((
+    c,
+  ) => (c.cmd === "iptables" && gone
+    ? { code: 1, stderr: "No chain/target/match by that name." }
+    : undefined)
+  );
+  const d = dp(r);
+  await d.sync(snapshot([svcA()]));
+  assert.equal(await d.needsFullSync(), false);
+  assert.deepEqual(r.callsOf("iptables")[0].args, ["-w", "5", "-t", "mangle", "-S", "KUBE-PROXY-CANARY"]);
+  gone = true;
+  assert.equal(await d.needsFullSync(), true);
+  const res = await d.sync(snapshot([svcA()], { changed: [] }));
+  assert.equal(res.full, true);
+});
+
+Deno.test("masqueradeAll masquerades every ClusterIP connection", async () => {
+  const r = recorder();
+  await dp(r, { masqueradeAll: true }).sync(snapshot([svcA()]));
+  assert.match(
+    restores(r)[0],
+    /^-A KUBE-SVC-\w+ -m comment --comment "ns1\/a:p80 cluster IP" -m tcp -p tcp -d 172.30.0.1 --dport 80 -j KUBE-MARK-MASQ$/m,
+  );
+});
+
+Deno.test("local detector modes give the right match args", async () => {
+  assert.deepEqual(detectLocalByBridgeInterface("cbr0"), {
+    isImplemented: true,
+    ifLocal: "-i cbr0",
+    ifNotLocal: "! -i cbr0",
+  });
+  assert.deepEqual(detectLocalByInterfaceNamePrefix("veth"), {
+    isImplemented: true,
+    ifLocal: "-i veth+",
+    ifNotLocal: "! -i veth+",
+  });
+  assert.equal(
+    newLocalDetector({ mode: "ClusterCIDR", family: "IPv6", clusterCIDRs: ["10.0.0.0/8", "fd00::/48"] })
+      .ifLocal,
+    "-s fd00::/48",
+  );
+  assert.equal(
+    newLocalDetector({ mode: "NodeCIDR", family: "IPv4", podCIDRs: ["10.1.2.0/24"] }).ifNotLocal,
+    "! -s 10.1.2.0/24",
+  );
+  assert.equal(
+    newLocalDetector({ mode: "ClusterCIDR", family: "IPv6", clusterCIDRs: ["10.0.0.0/8"] }).isImplemented,
+    false,
+  );
+  const r = recorder();
+  await dp(r, { localDetector: detectLocalByInterfaceNamePrefix("veth") }).sync(
+    snapshot([
+      makeState({ ns: "ns", name: "l", clusterIP: "172.30.0.9", nodePort: 30009, eTPLocal: true }, [{
+        ip: "10.0.0.5",
+        local: true,
+      }]),
+    ]),
+  );
+  const p = restores(r)[0];
+  assert.match(
+    p,
+    /-m comment --comment "pod traffic for ns\/l:p80 external destinations" -i veth\+ -j KUBE-SVC-/,
+  );
+  assert.match(p, /--dport 80 ! -i veth\+ -j KUBE-MARK-MASQ/);
+  // eTP=Local with a local endpoint: EXT ends in the SVL chain.
+  assert.match(p, /^-A KUBE-EXT-(\w+) -j KUBE-SVL-\1$/m);
+});
+
+Deno.test("internalTrafficPolicy Local without local endpoints → filter DROP", async () => {
+  const r = recorder();
+  await dp(r).sync(
+    snapshot([
+      makeState({ ns: "ns", name: "i", clusterIP: "172.30.0.7", iTPLocal: true }, [{ ip: "10.0.0.5" }]),
+    ]),
+  );
+  const p = restores(r)[0];
+  assert.ok(
+    p.includes(
+      `-A KUBE-SERVICES -m comment --comment "ns/i:p80 has no local endpoints" -m tcp -p tcp -d 172.30.0.7 --dport 80 -j DROP\n`,
+    ),
+  );
+  assert.ok(!p.includes(":KUBE-SVC-"));
+});
+
+Deno.test("nodePortAddresses: per-IP rules from `ip -j addr`, loopback only with localhost NodePorts", async () => {
+  const addrs = JSON.stringify([
+    { ifname: "lo", addr_info: [{ family: "inet", local: "127.0.0.1" }] },
+    {
+      ifname: "eth0",
+      addr_info: [{ family: "inet", local: "192.168.0.2" }, { family: "inet", local: "10.9.9.9" }],
+    },
+  ]);
+  const r = recorder((c) => (c.cmd === "ip" ? { stdout: addrs } : undefined));
+  await dp(r, { nodePortAddresses: ["192.168.0.0/24", "127.0.0.0/8"] }).sync(snapshot([svcB()]));
+  assert.deepEqual(r.callsOf("ip")[0].args, ["-j", "-4", "addr", "show"]);
+  const p = restores(r)[0];
+  const tail = p.split("\n").filter((l) => l.includes("must be the last rule"));
+  assert.deepEqual(tail.map((l) => l.replace(/.*chain" /, "")), [
+    "-d 127.0.0.1 -j KUBE-NODEPORTS",
+    "-d 192.168.0.2 -j KUBE-NODEPORTS",
+  ]);
+
+  const r2 = recorder();
+  await dp(r2, { nodePortAddresses: ["primary"] }).sync(snapshot([svcB()]));
+  const p2 = restores(r2)[0];
+  assert.ok(!p2.includes("KUBE-FIREWALL"), "no localhost NodePorts without loopback in nodePortAddresses");
+  assert.equal(r2.callsOf("sysctl").length, 1, "route_localnet untouched");
+});
+
+Deno.test("localhostNodePorts=false blocks 127.0.0.0/8 in the match-all rule", async () => {
+  const r = recorder();
+  await dp(r, { localhostNodePorts: false }).sync(snapshot([svcB()]));
+  assert.ok(restores(r)[0].includes("-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j KUBE-NODEPORTS\n"));
+});
+
+Deno.test("IPv6: ip6tables-restore, ::1 excluded, no localnet rule, bracketed DNAT", async () => {
+  const r = recorder();
+  const d = new IptablesDataplane({
+    family: "IPv6",
+    runner: r,
+    localDetector: detectLocalByCIDR("fd00::/48"),
+    backend: "nft",
+  });
+  await d.sync(
+    snapshot([makeState({ ns: "ns", name: "v6", clusterIP: "fd00:1::10" }, [{ ip: "fd00::5" }])], {
+      family: "IPv6",
+      nodeIPs: ["fd00::2"],
+    }),
+  );
+  const p = restores(r, "ip6tables-nft-restore")[0];
+  assert.ok(p.includes("-m addrtype --dst-type LOCAL ! -d ::1/128 -j KUBE-NODEPORTS\n"));
+  assert.ok(!p.includes("KUBE-FIREWALL"));
+  assert.ok(p.includes("-s fd00::5 -j KUBE-MARK-MASQ\n"));
+  assert.ok(p.includes("-j DNAT --to-destination [fd00::5]:80\n"));
+  assert.deepEqual(r.callsOf("ip6tables-nft-save").length, 2);
+  assert.equal(r.callsOf("sysctl").length, 1);
+});
+
+Deno.test("large-cluster mode leaves out SVC/SEP comments", async () => {
+  const eps = Array.from({ length: 1001 }, (_, i) => ({ ip: `10.2.${i >> 8}.${i & 255}` }));
+  const r = recorder();
+  await dp(r).sync(snapshot([makeState({ ns: "ns", name: "big", clusterIP: "172.30.0.99" }, eps)]));
+  const p = restores(r)[0];
+  assert.match(p, /^-A KUBE-SEP-\w+ -s 10\.2\.0\.0 -j KUBE-MARK-MASQ$/m);
+  assert.match(
+    p,
+    /^-A KUBE-SVC-\w+ -m statistic --mode random --probability 0\.0009990010 -j KUBE-SEP-\w+$/m,
+  );
+  assert.ok(p.includes(`-A KUBE-SERVICES -m comment --comment "ns/big:p80 cluster IP"`));
+});
+
+Deno.test("nf_conntrack_tcp_be_liberal=1 → no INVALID drop", async () => {
+  const r = recorder((
+    c,
+  ) => (c.cmd === "sysctl" && c.args[1]?.endsWith("be_liberal") ? { stdout: "1\n" } : undefined));
+  await dp(r).sync(snapshot([svcA()]));
+  assert.ok(!restores(r)[0].includes("INVALID"));
+});
+
+Deno.test("loadBalancerSourceRanges containing the node IP allow the VIP itself", async () => {
+  const r = recorder();
+  await dp(r).sync(
+    snapshot([
+      makeState({
+        ns: "ns",
+        name: "lb",
+        clusterIP: "172.30.0.5",
+        lbVIPs: ["5.6.7.8"],
+        nodePort: 30005,
+        sourceRanges: ["192.168.0.0/16"],
+      }, [{ ip: "10.0.0.1" }]),
+    ]),
+  );
+  const p = restores(r)[0];
+  assert.match(
+    p,
+    /-A KUBE-FW-(\w+) -m comment --comment "ns\/lb:p80 loadbalancer IP" -s 192.168.0.0\/16 -j KUBE-EXT-\1\n/,
+  );
+  assert.match(
+    p,
+    /-A KUBE-FW-(\w+) -m comment --comment "ns\/lb:p80 loadbalancer IP" -s 5.6.7.8 -j KUBE-EXT-\1\n/,
+  );
+});
+
+Deno.test("full sync with unchanged states reuses cached blocks (identical payload)", async () => {
+  const r = recorder();
+  const d = dp(r);
+  const states = overallFixture();
+  await d.sync(snapshot(states));
+  await d.sync(snapshot(states));
+  // Same content except the one-time jump insertion of the first sync.
+  assert.equal(restores(r)[1], restores(r)[0].split("\n").filter((l) => !l.startsWith("-I ")).join("\n"));
+});
