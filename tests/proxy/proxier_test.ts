@@ -1,0 +1,212 @@
+/** Proxier orchestration with a fake Dataplane that records snapshots, on a fake clock. */
+import assert from "node:assert/strict";
+import { configureLogging } from "../../lib/log.ts";
+import { FakeClock } from "../../lib/proxy/clock.ts";
+import { Proxier } from "../../lib/proxy/proxier.ts";
+import type { Dataplane, IPFamily, ProxySnapshot, SyncResult } from "../../lib/proxy/types.ts";
+import type { Node } from "../../lib/kube/types.ts";
+import { service, slice } from "./helpers.ts";
+
+configureLogging({ sink: () => {} });
+
+class FakeDataplane implements Dataplane {
+  snapshots: ProxySnapshot[] = [];
+  failNext = 0;
+  flushed = false;
+  constructor(readonly family: IPFamily) {}
+  sync(s: ProxySnapshot): Promise<SyncResult> {
+    this.snapshots.push(s);
+    if (this.failNext > 0) {
+      this.failNext--;
+      return Promise.reject(new Error("restore failed"));
+    }
+    return Promise.resolve({ full: s.changedServices === null, payloadBytes: 0, generateMs: 0, applyMs: 0 });
+  }
+  needsFullSync(): Promise<boolean> {
+    const f = this.flushed;
+    this.flushed = false;
+    return Promise.resolve(f);
+  }
+  get last(): ProxySnapshot {
+    return this.snapshots[this.snapshots.length - 1];
+  }
+}
+
+function setup(families: IPFamily[] = ["IPv4"]) {
+  const clock = new FakeClock(Date.parse("2026-01-01T00:00:00Z"));
+  const dps = new Map(families.map((f) => [f, new FakeDataplane(f)]));
+  const cleaned: ProxySnapshot[] = [];
+  const health: string[] = [];
+  const proxier = new Proxier({
+    families: dps,
+    nodeName: "host1",
+    minSyncPeriodMs: 1000,
+    syncPeriodMs: 30_000,
+    clock,
+    conntrackCleaner: (s) => {
+      cleaned.push(s);
+      return Promise.resolve();
+    },
+    healthServer: {
+      queuedUpdate: (f) => health.push(`queued ${f}`),
+      updated: (f) => health.push(`updated ${f}`),
+      isHealthy: () => true,
+    },
+  });
+  return { clock, dp: dps.get(families[0])!, dps, proxier, cleaned, health };
+}
+
+Deno.test("Proxier does not sync before both Services and EndpointSlices are synced", async () => {
+  const { clock, dp, proxier } = setup();
+  proxier.start();
+  proxier.onServiceAdd(service("ns", "a"));
+  proxier.onServicesSynced();
+  await clock.advance(5000);
+  assert.equal(dp.snapshots.length, 0);
+  proxier.onEndpointSliceAdd(slice("ns", "a", "a1", [{ addresses: ["10.0.0.1"] }]));
+  await clock.advance(5000);
+  assert.equal(dp.snapshots.length, 0);
+  proxier.onEndpointSlicesSynced();
+  await clock.advance(0);
+  assert.equal(dp.snapshots.length, 1);
+  const s = dp.last;
+  assert.equal(s.changedServices, null, "first sync is full");
+  assert.deepEqual(s.servicePorts.get("ns/a:p80")!.selection.clusterEndpoints!.map((e) => e.endpoint), [
+    "10.0.0.1:80",
+  ]);
+  assert.equal(s.totalEndpoints, 1);
+  await proxier.stop();
+});
+
+Deno.test("Proxier sends partial snapshots naming only the changed Services, cached selection for others", async () => {
+  const { clock, dp, proxier } = setup();
+  proxier.onServiceAdd(service("ns", "a"));
+  proxier.onServiceAdd(service("ns", "b", { clusterIP: "172.30.1.2", clusterIPs: ["172.30.1.2"] }));
+  proxier.onEndpointSliceAdd(slice("ns", "a", "a1", [{ addresses: ["10.0.0.1"] }]));
+  proxier.onEndpointSliceAdd(slice("ns", "b", "b1", [{ addresses: ["10.0.1.1"] }]));
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  const first = dp.last;
+  proxier.onEndpointSliceUpdate(null, slice("ns", "a", "a1", [{ addresses: ["10.0.0.2"] }]));
+  await clock.advance(1000);
+  assert.equal(dp.snapshots.length, 2);
+  assert.deepEqual([...dp.last.changedServices!], ["ns/a"]);
+  assert.equal(
+    dp.last.servicePorts.get("ns/b:p80"),
+    first.servicePorts.get("ns/b:p80"),
+    "unchanged state reused",
+  );
+  assert.notEqual(dp.last.servicePorts.get("ns/a:p80"), first.servicePorts.get("ns/a:p80"));
+  proxier.onServiceDelete(service("ns", "b"));
+  await clock.advance(1000);
+  assert.deepEqual([...dp.last.changedServices!], ["ns/b"]);
+  assert.equal(dp.last.servicePorts.has("ns/b:p80"), false);
+  await proxier.stop();
+});
+
+Deno.test("Proxier retries a failed sync after syncPeriod and makes the next sync full", async () => {
+  const { clock, dp, proxier, health } = setup();
+  proxier.onServiceAdd(service("ns", "a"));
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  dp.failNext = 1;
+  proxier.onEndpointSliceAdd(slice("ns", "a", "a1", [{ addresses: ["10.0.0.1"] }]));
+  await clock.advance(1000);
+  assert.equal(dp.snapshots.length, 2);
+  assert.deepEqual([...dp.last.changedServices!], ["ns/a"], "the failing sync was partial");
+  assert.equal(proxier.failureCount, 1);
+  assert.equal(health.at(-1), "queued IPv4", "health not updated after the failure");
+  await clock.advance(29_999);
+  assert.equal(dp.snapshots.length, 2);
+  await clock.advance(1);
+  assert.equal(dp.snapshots.length, 3, "retried after syncPeriod");
+  assert.equal(dp.last.changedServices, null, "the retry is a full sync");
+  assert.equal(dp.last.servicePorts.get("ns/a:p80")!.endpoints.length, 1);
+  assert.equal(health.at(-1), "updated IPv4");
+  await proxier.stop();
+});
+
+Deno.test("Proxier forces a full sync on a node topology change and re-selects endpoints", async () => {
+  const { clock, dp, proxier } = setup();
+  const node = (zone: string): Node => ({
+    metadata: { name: "host1", labels: { "topology.kubernetes.io/zone": zone } },
+    status: { addresses: [{ type: "InternalIP", address: "192.168.0.1" }] },
+  });
+  proxier.onNodeAdd(node("zone-a"));
+  proxier.onServiceAdd(service("ns", "a"));
+  proxier.onEndpointSliceAdd(slice("ns", "a", "a1", [
+    { addresses: ["10.0.0.1"], hints: { forZones: [{ name: "zone-a" }] } },
+    { addresses: ["10.0.0.2"], hints: { forZones: [{ name: "zone-b" }] } },
+  ]));
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  const eps = () => dp.last.servicePorts.get("ns/a:p80")!.selection.clusterEndpoints!.map((e) => e.ip);
+  assert.deepEqual(eps(), ["10.0.0.1"]);
+  assert.deepEqual(dp.last.node.ips, ["192.168.0.1"]);
+  proxier.onNodeUpdate(null, {
+    ...node("zone-a"),
+    metadata: { name: "host1", labels: { "topology.kubernetes.io/zone": "zone-a", other: "x" } },
+  });
+  await clock.advance(5000);
+  assert.equal(dp.snapshots.length, 1, "a non-topology label change does not resync");
+  proxier.onNodeUpdate(null, node("zone-b"));
+  await clock.advance(1000);
+  assert.equal(dp.snapshots.length, 2);
+  assert.equal(dp.last.changedServices, null);
+  assert.deepEqual(eps(), ["10.0.0.2"]);
+  await proxier.stop();
+});
+
+Deno.test("Proxier cleans conntrack only when UDP endpoints changed, and polls needsFullSync", async () => {
+  const { clock, dp, proxier, cleaned } = setup();
+  const udp = service("ns", "dns", { ports: [{ name: "dns", port: 53, protocol: "UDP" }] });
+  proxier.onServiceAdd(udp);
+  proxier.onServiceAdd(service("ns", "web", { clusterIP: "172.30.1.2", clusterIPs: ["172.30.1.2"] }));
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  proxier.onEndpointSliceAdd(slice("ns", "web", "w1", [{ addresses: ["10.0.0.1"] }]));
+  await clock.advance(1000);
+  assert.equal(cleaned.length, 0);
+  proxier.onEndpointSliceAdd(
+    slice("ns", "dns", "d1", [{ addresses: ["10.0.0.5"] }], {
+      ports: [{ name: "dns", port: 53, protocol: "UDP" }],
+    }),
+  );
+  await clock.advance(1000);
+  assert.equal(cleaned.length, 1);
+  assert.equal(cleaned[0], dp.last);
+  const n = dp.snapshots.length;
+  dp.flushed = true;
+  await clock.advance(30_000);
+  assert.equal(dp.snapshots.length, n + 1);
+  assert.equal(dp.last.changedServices, null, "an external flush forces a full sync");
+  await proxier.stop();
+});
+
+Deno.test("Proxier builds one snapshot per family from dual-stack Services and slices", async () => {
+  const { clock, dps, proxier } = setup(["IPv4", "IPv6"]);
+  proxier.onServiceAdd(service("ns", "ds", { clusterIPs: ["172.30.1.1", "fd00::1"] }));
+  proxier.onEndpointSliceAdd(slice("ns", "ds", "v4", [{ addresses: ["10.0.0.1"] }]));
+  proxier.onEndpointSliceAdd(
+    slice("ns", "ds", "v6", [{ addresses: ["fd00:10::1"] }], { addressType: "IPv6" }),
+  );
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  const v4 = dps.get("IPv4")!.last.servicePorts.get("ns/ds:p80")!;
+  const v6 = dps.get("IPv6")!.last.servicePorts.get("ns/ds:p80")!;
+  assert.equal(v4.info.clusterIP, "172.30.1.1");
+  assert.deepEqual(v4.endpoints.map((e) => e.endpoint), ["10.0.0.1:80"]);
+  assert.equal(v6.info.clusterIP, "fd00::1");
+  assert.deepEqual(v6.endpoints.map((e) => e.endpoint), ["[fd00:10::1]:80"]);
+  await proxier.stop();
+});
