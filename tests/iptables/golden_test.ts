@@ -10,6 +10,7 @@ import { masqueradeMark, probability } from "../../lib/iptables/rules.ts";
 import {
   dedent,
   makeState,
+  overallFixture,
   recorder,
   restores,
   snapshot,
