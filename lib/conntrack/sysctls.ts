@@ -1,0 +1,124 @@
+/**
+ * Conntrack tuning at start-up (upstream `cmd/kube-proxy/app/conntrack.go`, v1.36
+ * `pkg/proxy/conntrack/sysctls.go`) and the OOM score adjustment, both through programs run by the
+ * {@linkcode CommandRunner} (`sysctl`, `choom`), since Deno needs --allow-all to touch /proc or /sys.
+ * Each value is written only when it differs; each skipped step is logged with the reason.
+ * @module
+ */
+import type { CommandRunner } from "../exec.ts";
+import { log } from "../log.ts";
+
+/** The `conntrack` section of KubeProxyConfiguration, durations in seconds (0 = leave as is). */
+export interface ConntrackConfig {
+  maxPerCore: number;
+  min: number;
+  tcpEstablishedTimeoutSeconds: number;
+  tcpCloseWaitTimeoutSeconds: number;
+  tcpBeLiberal: boolean;
+  udpTimeoutSeconds: number;
+  udpStreamTimeoutSeconds: number;
+}
+
+/** Upstream `getConntrackMax`: max(maxPerCore × nCPU, min) when maxPerCore > 0, else 0 (leave as is). */
+export function conntrackMax(cfg: Pick<ConntrackConfig, "maxPerCore" | "min">, numCPU: number): number {
+  if (cfg.maxPerCore <= 0) return 0;
+  return Math.max(cfg.maxPerCore * numCPU, cfg.min);
+}
+
+/** Reads an integer sysctl (`sysctl -n`); null when it cannot be read. */
+export async function readSysctl(runner: CommandRunner, key: string): Promise<number | null> {
+  const r = await runner.tryRun({ cmd: "sysctl", args: ["-n", key] });
+  if (r.code !== 0) return null;
+  const n = Number(r.stdout.trim());
+  return Number.isFinite(n) ? n : null;
+}
+
+/**
+ * Writes an integer sysctl when its current value differs. Returns "unchanged", "set" or "failed".
+ */
+export async function setIntSysctl(
+  runner: CommandRunner,
+  key: string,
+  value: number,
+): Promise<"unchanged" | "set" | "failed"> {
+  const current = await readSysctl(runner, key);
+  if (current === value) {
+    log.v(2).info("Sysctl already set", { name: key, value });
+    return "unchanged";
+  }
+  log.info("Set sysctl", { name: key, value, previous: current });
+  const r = await runner.tryRun({ cmd: "sysctl", args: ["-w", `${key}=${value}`] });
+  if (r.code !== 0) {
+    log.error("Failed to set sysctl", r.stderr.trim() || `exit ${r.code}`, { name: key, value });
+    return "failed";
+  }
+  return "set";
+}
+
+/** Options of {@linkcode setupConntrack}. */
+export interface SetupConntrackOptions {
+  /** @default navigator.hardwareConcurrency */
+  numCPU?: number;
+}
+
+/**
+ * Applies the conntrack configuration. Never throws: a value that cannot be written is logged (upstream
+ * returns an error only for nf_conntrack_max; the caller decides, so this returns the failed keys).
+ * @returns Keys that could not be written.
+ */
+export async function setupConntrack(
+  runner: CommandRunner,
+  cfg: ConntrackConfig,
+  opts: SetupConntrackOptions = {},
+): Promise<string[]> {
+  const failed: string[] = [];
+  const set = async (key: string, value: number) => {
+    if ((await setIntSysctl(runner, key, value)) === "failed") failed.push(key);
+  };
+  const max = conntrackMax(cfg, opts.numCPU ?? navigator.hardwareConcurrency ?? 1);
+  if (max > 0) {
+    await set("net.netfilter.nf_conntrack_max", max);
+    // Upstream also raises /sys/module/nf_conntrack/parameters/hashsize to max/4; that is not a sysctl
+    // and Deno cannot write /sys without --allow-all, so it is left to the kernel default.
+    log.info("Not adjusting nf_conntrack hashsize (needs a write to /sys); the kernel default applies", {
+      wantedAtLeast: Math.floor(max / 4),
+    });
+  } else log.info("Skipping nf_conntrack_max: conntrack.maxPerCore is 0");
+  if (cfg.tcpEstablishedTimeoutSeconds > 0) {
+    await set("net.netfilter.nf_conntrack_tcp_timeout_established", cfg.tcpEstablishedTimeoutSeconds);
+  } else log.v(2).info("Skipping nf_conntrack_tcp_timeout_established: not configured");
+  if (cfg.tcpCloseWaitTimeoutSeconds > 0) {
+    await set("net.netfilter.nf_conntrack_tcp_timeout_close_wait", cfg.tcpCloseWaitTimeoutSeconds);
+  } else log.v(2).info("Skipping nf_conntrack_tcp_timeout_close_wait: not configured");
+  if (cfg.tcpBeLiberal) await set("net.netfilter.nf_conntrack_tcp_be_liberal", 1);
+  else log.v(2).info("Skipping nf_conntrack_tcp_be_liberal: conntrack.tcpBeLiberal is false");
+  if (cfg.udpTimeoutSeconds > 0) await set("net.netfilter.nf_conntrack_udp_timeout", cfg.udpTimeoutSeconds);
+  else log.v(2).info("Skipping nf_conntrack_udp_timeout: not configured");
+  if (cfg.udpStreamTimeoutSeconds > 0) {
+    await set("net.netfilter.nf_conntrack_udp_timeout_stream", cfg.udpStreamTimeoutSeconds);
+  } else log.v(2).info("Skipping nf_conntrack_udp_timeout_stream: not configured");
+  return failed;
+}
+
+/**
+ * Sets the OOM score adjustment of a process (default: this one) with `choom -n <adj> -p <pid>`
+ * (util-linux). Failure is only logged, as upstream.
+ * @returns True when applied.
+ */
+export async function applyOOMScoreAdj(
+  runner: CommandRunner,
+  adj: number,
+  pid: number = Deno.pid,
+): Promise<boolean> {
+  try {
+    const r = await runner.tryRun({ cmd: "choom", args: ["-n", String(adj), "-p", String(pid)] });
+    if (r.code === 0) {
+      log.v(2).info("Set OOM score adjustment", { oomScoreAdj: adj, pid });
+      return true;
+    }
+    log.error("Failed to apply OOMScore", r.stderr.trim() || `exit ${r.code}`, { oomScoreAdj: adj });
+  } catch (err) {
+    log.error("Failed to apply OOMScore", err, { oomScoreAdj: adj });
+  }
+  return false;
+}
