@@ -332,31 +332,12 @@ export class KubeClient {
       }
       if (!res.body) return;
       reader = res.body.getReader();
-      const decoder = new TextDecoder();
-      let buf = "";
-      while (true) {
-        arm();
-        let chunk: ReadableStreamReadResult<Uint8Array>;
-        try {
-          chunk = await reader.read();
-        } catch (e) {
-          if (inactive) throw new WatchInactivityError(inactivityMs);
-          throw e;
-        }
-        if (chunk.done) break;
-        buf += decoder.decode(chunk.value, { stream: true });
-        let start = 0;
-        let nl: number;
-        while ((nl = buf.indexOf("\n", start)) !== -1) {
-          const line = buf.slice(start, nl);
-          start = nl + 1;
-          if (line.length === 0 || line === "\r") continue;
-          yield decodeEvent<T>(line);
-        }
-        buf = start === 0 ? buf : buf.slice(start);
+      try {
+        yield* decodeWatchStream<T>(reader, arm);
+      } catch (e) {
+        if (inactive) throw new WatchInactivityError(inactivityMs);
+        throw e;
       }
-      buf += decoder.decode();
-      if (buf.trim() !== "") yield decodeEvent<T>(buf);
     } finally {
       if (timer !== undefined) clearTimeout(timer);
       signal?.removeEventListener("abort", onAbort);
@@ -373,6 +354,35 @@ export class KubeClient {
     this.closed = true;
     this.httpClient?.close();
   }
+}
+
+/**
+ * Decodes a watch body line by line as chunks arrive (no whole-body buffering); `onChunk` runs before each
+ * read (the watch uses it to re-arm its inactivity timer).
+ */
+export async function* decodeWatchStream<T>(
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  onChunk?: () => void,
+): AsyncGenerator<WatchEvent<T>> {
+  const decoder = new TextDecoder();
+  let buf = "";
+  while (true) {
+    onChunk?.();
+    const chunk = await reader.read();
+    if (chunk.done) break;
+    buf += decoder.decode(chunk.value, { stream: true });
+    let start = 0;
+    let nl: number;
+    while ((nl = buf.indexOf("\n", start)) !== -1) {
+      const line = buf.slice(start, nl);
+      start = nl + 1;
+      if (line.length === 0 || line === "\r") continue;
+      yield decodeEvent<T>(line);
+    }
+    if (start > 0) buf = buf.slice(start);
+  }
+  buf += decoder.decode();
+  if (buf.trim() !== "") yield decodeEvent<T>(buf);
 }
 
 /** Parses one watch line; throws WatchDecodeError if it is not `{type, object}`. */
