@@ -341,8 +341,12 @@ async function pluginAuth(path: string, text: string, what: string): Promise<Aut
   }
   return async () => {
     const opts: { headers?: Record<string, string> } = { headers: {} };
+    // applyAuthorizationHeader runs the exec plugin / auth provider without building an agent (which
+    // refuses plain-http servers); fall back to the public applyToHTTPSOptions if it is ever renamed.
     // deno-lint-ignore no-explicit-any
-    await kc.applyToHTTPSOptions(opts as any);
+    const k = kc as any;
+    if (typeof k.applyAuthorizationHeader === "function") await k.applyAuthorizationHeader(opts);
+    else await k.applyToHTTPSOptions(opts);
     const out: Record<string, string> = {};
     for (const [k, v] of Object.entries(opts.headers ?? {})) {
       if (k.toLowerCase() === "authorization" && typeof v === "string") out["Authorization"] = v;
