@@ -14,7 +14,7 @@
 import { configureLogging, log } from "../log.ts";
 import { formatDuration } from "./duration.ts";
 import { FlagError, HelpRequested } from "./flag_set.ts";
-import { ConfigLoadError, writeConfigFile } from "./load.ts";
+import { writeConfigFile } from "./load.ts";
 import { buildProxyOptions, Options, type ProxyOptions } from "./options.ts";
 import { aggregateMessage } from "./validate.ts";
 import { GIT_VERSION } from "./version.ts";
@@ -70,13 +70,9 @@ export async function parseCommandLine(argv: string[], io: CommandIO = defaultIO
     io.stdout(o.helpText());
     return { exit: 0 };
   }
-  if (o.version !== "false" && o.version !== "true" && o.version !== "raw") {
-    // --version=vX.Y.Z: only overrides the reported version (verflag); keep running.
-  } else if (o.version === "true") {
-    io.stdout(`Kubernetes ${GIT_VERSION}\n`);
-    return { exit: 0 };
-  } else if (o.version === "raw") {
-    io.stdout(versionInfoRaw(GIT_VERSION));
+  // --version=vX.Y.Z only overrides the reported version (verflag) and keeps running.
+  if (o.version === "true" || o.version === "raw") {
+    io.stdout(o.version === "raw" ? versionInfoRaw(GIT_VERSION) : `Kubernetes ${GIT_VERSION}\n`);
     return { exit: 0 };
   }
   const positional = o.fs.args.filter((a) => a.length > 0);
@@ -88,11 +84,9 @@ export async function parseCommandLine(argv: string[], io: CommandIO = defaultIO
   try {
     await o.complete();
   } catch (e) {
-    if (e instanceof ConfigLoadError || e instanceof Error) {
-      io.stderr(`Error: failed complete: ${e.message}\n`);
-      return { exit: 1 };
-    }
-    throw e;
+    // ConfigLoadError, read errors, "empty hostname-override is invalid".
+    io.stderr(`Error: failed complete: ${(e as Error).message}\n`);
+    return { exit: 1 };
   }
 
   const l = o.config.logging;

@@ -610,8 +610,7 @@ function defaultIsZero(flag: Flag): boolean {
   }
 }
 
-/** strconv.FormatFloat(v, 'g', -1, 32)-like printing for float32 values (5 -> "5", 0.5 -> "0.5"). */
+/** strconv.FormatFloat(v, 'g', -1, 32)-like printing for float32 values (5 -> "5", 0.1 -> "0.1"). */
 export function formatGoFloat(v: number): string {
-  if (Number.isInteger(v) && Math.abs(v) < 1e21) return String(v);
-  return String(Math.fround(v) === v ? Number(v.toPrecision(7)) : v);
+  return String(Number(Math.fround(v).toPrecision(7)));
 }
