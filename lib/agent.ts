@@ -1,0 +1,341 @@
+/**
+ * Wires the running agent from resolved {@linkcode ProxyOptions}: API client, informers, node manager,
+ * dataplanes, proxier, servers and events, in upstream kube-proxy's start-up order. main.ts only parses
+ * the command line and calls {@linkcode runAgent}.
+ * @module
+ */
+import type { ProxyOptions } from "./config/command.ts";
+import { cleanupLeftovers } from "./cleanup.ts";
+import { applyOOMScoreAdj, setupConntrack } from "./conntrack/sysctls.ts";
+import { cleanStaleUDPConntrack } from "./conntrack/cleanup.ts";
+import { type CommandRunner, DenoCommandRunner } from "./exec.ts";
+import { detectIptablesBackend } from "./iptables/backend.ts";
+import { IptablesDataplane } from "./iptables/dataplane.ts";
+import { type DetectLocalMode, newLocalDetector } from "./iptables/local_detector.ts";
+import {
+  isLoopback,
+  newNodePortAddresses,
+  nodeIPsMatching,
+  parseIpAddrJson,
+} from "./iptables/nodeport_addresses.ts";
+import { createKubeClient, type KubeClient } from "./kube/client.ts";
+import { EventRecorder, nodeRef } from "./kube/events.ts";
+import {
+  type Informer,
+  newEndpointSliceInformer,
+  newNodeInformer,
+  newServiceInformer,
+} from "./kube/informer.ts";
+import { KubeConfigError } from "./kube/kubeconfig.ts";
+import type { Node } from "./kube/types.ts";
+import { log } from "./log.ts";
+import { detectNodeIPs, NodeManager } from "./proxy/node_manager.ts";
+import { Proxier } from "./proxy/proxier.ts";
+import type { Dataplane, IPFamily } from "./proxy/types.ts";
+import { ProxyHealthServer } from "./server/health.ts";
+import { MetricsServer } from "./server/metrics_server.ts";
+import { ServiceHealthServer } from "./server/service_health.ts";
+
+/** Hooks for tests; production uses the defaults. */
+export interface AgentDeps {
+  runner?: CommandRunner;
+  exit?: (code: number) => never | void;
+}
+
+/** A started agent; `stop()` tears everything down. */
+export interface RunningAgent {
+  proxier: Proxier;
+  stop(): Promise<void>;
+  /** Resolves when the agent stops (signal or fatal error), with the exit code. */
+  done: Promise<number>;
+}
+
+const familyOf = (ip: string): IPFamily => (ip.includes(":") ? "IPv6" : "IPv4");
+
+/**
+ * `--cleanup`: removes the rules of every mode and returns the exit code (0, or 1 if anything failed).
+ */
+export async function runCleanup(runner: CommandRunner = new DenoCommandRunner()): Promise<number> {
+  const failed = await cleanupLeftovers(runner);
+  return failed ? 1 : 0;
+}
+
+/** Upstream's privileged initialisation: OOM score and conntrack sysctls. Never throws. */
+async function platformInit(opts: ProxyOptions, runner: CommandRunner): Promise<void> {
+  await applyOOMScoreAdj(runner, opts.config.oomScoreAdj);
+  const ct = opts.config.conntrack;
+  const seconds = (ms: number) => Math.floor(ms / 1000);
+  await setupConntrack(runner, {
+    maxPerCore: ct.maxPerCore,
+    min: ct.min,
+    tcpEstablishedTimeoutSeconds: seconds(ct.tcpEstablishedTimeout),
+    tcpCloseWaitTimeoutSeconds: seconds(ct.tcpCloseWaitTimeout),
+    tcpBeLiberal: ct.tcpBeLiberal,
+    udpTimeoutSeconds: seconds(ct.udpTimeout),
+    udpStreamTimeoutSeconds: seconds(ct.udpStreamTimeout),
+  });
+}
+
+async function detectFamilies(runner: CommandRunner, primary: IPFamily, restoreOf: (f: IPFamily) => string) {
+  const families: IPFamily[] = [primary];
+  const secondary: IPFamily = primary === "IPv4" ? "IPv6" : "IPv4";
+  // Upstream runs dual-stack when the other family's iptables works; an `-S` of the nat table proves it.
+  const probe = restoreOf(secondary).replace(/-restore$/, "");
+  const r = await runner.tryRun({ cmd: probe, args: ["-w", "5", "-t", "nat", "-S", "POSTROUTING"] }).catch(
+    () => ({ code: 127, stderr: "not found", stdout: "" }),
+  );
+  if (r.code === 0) families.push(secondary);
+  else log.info("Secondary IP family not usable, running single-stack", { family: secondary });
+  return families;
+}
+
+async function localAddresses(runner: CommandRunner, family: IPFamily): Promise<string[]> {
+  const r = await runner.tryRun({ cmd: "ip", args: ["-j", family === "IPv6" ? "-6" : "-4", "addr", "show"] });
+  return r.code === 0 ? parseIpAddrJson(r.stdout, family) : [];
+}
+
+/**
+ * Runs the agent until a signal or a fatal condition. Resolves with the process exit code.
+ */
+export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promise<RunningAgent> {
+  const runner = deps.runner ?? new DenoCommandRunner();
+  const exit = deps.exit ?? ((code: number) => Deno.exit(code));
+  const cfg = opts.config;
+  if (opts.mode !== "iptables") {
+    throw new Error(`proxy mode "${opts.mode}" is not implemented yet; use --proxy-mode=iptables`);
+  }
+  log.info("Using iptables Proxier");
+  if (opts.nodePortAddresses.length === 0) {
+    log.info(
+      "Kube-proxy configuration may be incomplete or incorrect",
+      {
+        err:
+          "nodePortAddresses is unset; NodePort connections will be accepted on all local IPs. Consider using `--nodeport-addresses primary`",
+      },
+    );
+  }
+
+  await platformInit(opts, runner);
+
+  let client: KubeClient;
+  try {
+    client = await createKubeClient(
+      { kubeconfig: opts.apiSource.kind === "kubeconfig" ? opts.apiSource.path : "", master: opts.master },
+      { qps: cfg.clientConnection.qps, burst: cfg.clientConnection.burst },
+    );
+  } catch (err) {
+    if (err instanceof KubeConfigError) throw err;
+    throw new KubeConfigError(`unable to create the API client: ${(err as Error).message}`);
+  }
+
+  const abort = new AbortController();
+  let resolveDone!: (code: number) => void;
+  const done = new Promise<number>((r) => (resolveDone = r));
+  const stops: (() => Promise<void> | void)[] = [];
+  let stopping = false;
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    abort.abort();
+    for (const s of stops.reverse()) {
+      try {
+        await s();
+      } catch (err) {
+        log.error("Error while stopping", err);
+      }
+    }
+    client.close();
+  };
+  const fatal = (code: number) => {
+    void stop().then(() => {
+      resolveDone(code);
+      exit(code);
+    });
+  };
+
+  const resyncMs = cfg.configSyncPeriod;
+  const nodeName = opts.hostname;
+  const events = new EventRecorder(client, { hostname: nodeName });
+
+  // The own Node: wait for it and its IPs before anything else (upstream NodeManager).
+  const nodeManager = new NodeManager({
+    nodeName,
+    watchPodCIDRs: opts.detectLocalMode === "NodeCIDR",
+    exit: (code) => fatal(code),
+  });
+  const nodeInformer: Informer<Node> = newNodeInformer(client, nodeName, { resyncMs });
+  nodeInformer.addEventHandler({
+    onAdd: (n) => nodeManager.onNodeAdd(n),
+    onUpdate: (o, n) => nodeManager.onNodeUpdate(o, n),
+    onDelete: (n) => nodeManager.onNodeDelete(n),
+  });
+  nodeInformer.start(abort.signal);
+  stops.push(() => nodeInformer.stop());
+  const node = await nodeManager.waitForNode();
+  const nodeIPs = detectNodeIPs(node, cfg.bindAddress);
+  log.info("Successfully retrieved node IP(s)", { IPs: nodeIPs });
+
+  const primaryIP = nodeManager.nodeIPs[0] ?? "127.0.0.1";
+  const primary = familyOf(cfg.bindAddress && cfg.bindAddress !== "0.0.0.0" ? cfg.bindAddress : primaryIP);
+  const backend = await detectIptablesBackend(runner);
+  log.info("Detected iptables backend", { backend: backend.backend, reason: backend.reason });
+  const restoreOf = (f: IPFamily) => `${f === "IPv6" ? "ip6tables" : "iptables"}-${backend.backend}-restore`;
+  const families = await detectFamilies(runner, primary, restoreOf);
+
+  const dataplanes = new Map<IPFamily, Dataplane>();
+  for (const family of families) {
+    const ofFamily = nodeManager.nodeIPs.filter((ip) => familyOf(ip) === family);
+    dataplanes.set(
+      family,
+      new IptablesDataplane({
+        family,
+        runner,
+        backend: backend.backend,
+        masqueradeBit: opts.masqueradeBit,
+        masqueradeAll: opts.masqueradeAll,
+        localDetector: newLocalDetector({
+          mode: opts.detectLocalMode as DetectLocalMode,
+          family,
+          clusterCIDRs: opts.clusterCIDRs,
+          podCIDRs: nodeManager.podCIDRs,
+          bridgeInterface: cfg.detectLocal.bridgeInterface,
+          interfaceNamePrefix: cfg.detectLocal.interfaceNamePrefix,
+        }),
+        nodePortAddresses: opts.nodePortAddresses,
+        localhostNodePorts: cfg.iptables.localhostNodePorts,
+        syncPeriodMs: opts.syncPeriod,
+      }),
+    );
+    log.info("Created proxier", { ipFamily: family, nodeIPs: ofFamily });
+  }
+
+  // Servers.
+  const health = new ProxyHealthServer({
+    bindAddress: cfg.healthzBindAddress,
+    healthTimeoutMs: 2 * opts.syncPeriod,
+    getNode: () => nodeManager.node,
+    bindAddressHardFail: cfg.bindAddressHardFail,
+    onFatal: (err) => {
+      events.event(
+        nodeRef(nodeName),
+        "Warning",
+        "FailedToStartProxierHealthcheck",
+        "StartKubeProxy",
+        err.message,
+      );
+      log.error("Failed to start the proxier health server", err);
+      fatal(1);
+    },
+  });
+  if (cfg.healthzBindAddress !== "") {
+    health.start();
+    stops.push(() => health.stop());
+  }
+  const metrics = new MetricsServer({
+    bindAddress: cfg.metricsBindAddress,
+    mode: opts.mode,
+    bindAddressHardFail: cfg.bindAddressHardFail,
+    onFatal: (err) => {
+      events.event(nodeRef(nodeName), "Warning", "FailedToStartMetricServer", "StartKubeProxy", err.message);
+      log.error("Failed to start the metrics server", err);
+      fatal(1);
+    },
+  });
+  if (cfg.metricsBindAddress !== "") {
+    metrics.start();
+    stops.push(() => metrics.stop());
+  }
+  const hcAddresses: string[] = [];
+  for (const family of families) {
+    const npa = newNodePortAddresses(family, opts.nodePortAddresses, nodeManager.nodeIPs);
+    if (npa.matchAll) {
+      hcAddresses.push(family === "IPv6" ? "::" : "0.0.0.0");
+    } else {
+      const addrs = await localAddresses(runner, family);
+      hcAddresses.push(...nodeIPsMatching(npa, addrs).filter((ip) => !isLoopback(ip)));
+    }
+  }
+  const serviceHealth = new ServiceHealthServer({
+    addresses: hcAddresses.includes("0.0.0.0") && hcAddresses.includes("::") ? ["0.0.0.0"] : hcAddresses,
+    proxyHealthy: () => health.isHealthy(),
+    onListenError: (key, port, err) => {
+      const [namespace, name] = key.split("/");
+      events.event(
+        { kind: "Service", apiVersion: "v1", namespace, name },
+        "Warning",
+        "FailedToStartServiceHealthcheck",
+        "Listen",
+        `node ${nodeName} failed to start healthcheck "${key}" on port ${port}: ${err.message}`,
+      );
+    },
+  });
+  stops.push(() => serviceHealth.stop());
+
+  const proxier = new Proxier({
+    families: dataplanes,
+    nodeName,
+    minSyncPeriodMs: opts.minSyncPeriod,
+    syncPeriodMs: opts.syncPeriod,
+    healthServer: health,
+    serviceHealthServer: serviceHealth,
+    conntrackCleaner: async (snapshot) => {
+      await cleanStaleUDPConntrack(runner, snapshot);
+    },
+    onInvalidService: (svc, reason) => {
+      events.event(
+        {
+          kind: "Service",
+          apiVersion: "v1",
+          namespace: svc.metadata?.namespace ?? "",
+          name: svc.metadata?.name ?? "",
+          uid: svc.metadata?.uid,
+        },
+        "Warning",
+        "InvalidService",
+        "Sync",
+        reason,
+      );
+    },
+    preferSameTrafficDistribution: opts.featureGates["PreferSameTrafficDistribution"] ?? true,
+  });
+  stops.push(() => proxier.stop());
+  nodeInformer.addEventHandler({
+    onAdd: (n) => proxier.onNodeAdd(n),
+    onUpdate: (o, n) => proxier.onNodeUpdate(o, n),
+    onDelete: (n) => proxier.onNodeDelete(n),
+  });
+
+  const services = newServiceInformer(client, { resyncMs });
+  services.addEventHandler({
+    onAdd: (s) => proxier.onServiceAdd(s),
+    onUpdate: (o, s) => proxier.onServiceUpdate(o, s),
+    onDelete: (s) => proxier.onServiceDelete(s),
+  });
+  services.onSynced(() => proxier.onServicesSynced());
+  const slices = newEndpointSliceInformer(client, { resyncMs });
+  slices.addEventHandler({
+    onAdd: (s) => proxier.onEndpointSliceAdd(s),
+    onUpdate: (o, s) => proxier.onEndpointSliceUpdate(o, s),
+    onDelete: (s) => proxier.onEndpointSliceDelete(s),
+  });
+  slices.onSynced(() => proxier.onEndpointSlicesSynced());
+  services.start(abort.signal);
+  slices.start(abort.signal);
+  stops.push(() => services.stop(), () => slices.stop());
+
+  events.event(nodeRef(nodeName), "Normal", "Starting", "StartKubeProxy", "");
+  stops.push(() => events.flush());
+  proxier.start();
+
+  const onSignal = (sig: Deno.Signal) => {
+    log.info("Received signal, shutting down", { signal: sig });
+    void stop().then(() => resolveDone(0));
+  };
+  for (const sig of ["SIGTERM", "SIGINT"] as const) {
+    const handler = () => onSignal(sig);
+    Deno.addSignalListener(sig, handler);
+    stops.push(() => Deno.removeSignalListener(sig, handler));
+  }
+
+  return { proxier, stop, done };
+}

@@ -1,0 +1,23 @@
+/**
+ * The `kube-proxy` command: parse, validate, wire, run. No logic lives here.
+ * @module
+ */
+import { parseCommandLine } from "./lib/config/command.ts";
+import { runAgent, runCleanup } from "./lib/agent.ts";
+import { KubeConfigError } from "./lib/kube/kubeconfig.ts";
+import { log } from "./lib/log.ts";
+
+if (import.meta.main) {
+  const parsed = await parseCommandLine(Deno.args);
+  if ("exit" in parsed) Deno.exit(parsed.exit);
+  const opts = parsed.options;
+  if (opts.cleanup) Deno.exit(await runCleanup());
+  try {
+    const agent = await runAgent(opts);
+    Deno.exit(await agent.done);
+  } catch (err) {
+    if (err instanceof KubeConfigError) log.error("Invalid kubeconfig", err);
+    else log.error("Error running ProxyServer", err);
+    Deno.exit(1);
+  }
+}
