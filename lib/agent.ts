@@ -177,8 +177,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
 
   const primaryIP = nodeManager.nodeIPs[0] ?? "127.0.0.1";
   const primary = familyOf(cfg.bindAddress && cfg.bindAddress !== "0.0.0.0" ? cfg.bindAddress : primaryIP);
-  const backend = await detectIptablesBackend(runner);
-  log.info("Detected iptables backend", { backend: backend.backend, reason: backend.reason });
+  const backend = await detectIptablesBackend(runner); // logs its choice and why
   const restoreOf = (f: IPFamily) => `${f === "IPv6" ? "ip6tables" : "iptables"}-${backend.backend}-restore`;
   const families = await detectFamilies(runner, primary, restoreOf);
 

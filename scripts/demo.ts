@@ -1,0 +1,171 @@
+/**
+ * The demo: a node with three web pods in network namespaces, the API server simulator loaded with
+ * `examples/`, and the agent (under its production permissions) programming real iptables in the node
+ * namespace. It shows how real requests spread over the pods, changes endpoints live, prints one
+ * service's rules, and removes everything, also when interrupted (Ctrl-C).
+ *
+ * Run as root: `bash scripts/demo.sh` (or `deno task demo` once Deno is installed).
+ * @module
+ */
+import { cleanupStale, Sandbox, sandboxUnavailableReason } from "../tests/support/sandbox.ts";
+import { SimulatorProcess } from "../tests/support/apiserver_process.ts";
+import { agentCommand, PROJECT_ROOT } from "../tests/support/agent_command.ts";
+import type { EndpointSlice } from "../lib/kube/types.ts";
+import type { Probe } from "../tests/support/probe.ts";
+
+const WEB_VIP = "10.96.0.10";
+const DNS_VIP = "10.96.0.53";
+const NODE_PORT = 30080;
+const PODS: [string, string][] = [["web-1", "10.244.0.11"], ["web-2", "10.244.0.12"], [
+  "web-3",
+  "10.244.0.13",
+]];
+
+const bold = (s: string) => (Deno.noColor ? s : `\x1b[1m${s}\x1b[0m`);
+const step = (s: string) => console.log(`\n${bold("==> " + s)}`);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Sends `n` requests and prints how many each pod answered, plus the source address the pods saw. */
+async function spread(probe: Probe, label: string, host: string, port: number, n = 30, udp = false) {
+  const counts = new Map<string, number>();
+  const sources = new Set<string>();
+  for (let i = 0; i < n; i++) {
+    const r = udp
+      ? await probe.udp(host, port, { timeoutMs: 800 })
+      : await probe.tcp(host, port, { timeoutMs: 800 });
+    const who = r.result === "ok" ? r.answer!.split(" ")[0] : r.result;
+    if (r.result === "ok") sources.add(r.answer!.split(" ")[1].replace(/:\d+$/, ""));
+    counts.set(who, (counts.get(who) ?? 0) + 1);
+  }
+  const parts = [...counts.entries()].sort().map(([k, v]) => `${k}=${v}`).join("  ");
+  console.log(`  ${label.padEnd(44)} ${parts}   (pods saw source ${[...sources].join(", ") || "-"})`);
+}
+
+async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 30_000) {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await check()) return;
+    await sleep(200);
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+async function main() {
+  const why = sandboxUnavailableReason();
+  if (why) {
+    console.error(`demo: ${why}`);
+    Deno.exit(1);
+  }
+  cleanupStale();
+  step("Building a node with three web pods and an outside client (network namespaces)");
+  const sb = await Sandbox.create({});
+  let sim: SimulatorProcess | undefined;
+  let agent: ReturnType<Sandbox["spawn"]> | undefined;
+  try {
+    for (const [name, ip] of PODS) {
+      await sb.addPod(name, ip);
+      await sb.startServer(sb.pod(name).ns, { tcp: [8080], udp: [5353] });
+    }
+    await sb.addPod("client-pod", "10.244.0.50");
+    console.log(
+      `  node ${sb.node} (${sb.nodeIP}), client ${sb.client} (${sb.clientIP}), pods ${
+        PODS.map((p) => p[1]).join(", ")
+      }`,
+    );
+
+    step("Starting the API server simulator with examples/*.yaml");
+    const examples = ["node.yaml", "web.yaml", "dns.yaml", "broken.yaml"].map((f) =>
+      `${PROJECT_ROOT}examples/${f}`
+    );
+    sim = await SimulatorProcess.start({ netns: sb.node, load: examples });
+    console.log(`  serving ${sim.url} inside the node namespace`);
+
+    step("Starting deno-kube-proxy in the node namespace (the `start` task's permissions)");
+    const cmd = agentCommand([
+      "--kubeconfig",
+      sim.kubeconfig,
+      "--hostname-override",
+      "node1",
+      "--cluster-cidr",
+      "10.244.0.0/16",
+      "--iptables-min-sync-period",
+      "0s",
+      "--healthz-bind-address",
+      "127.0.0.1:10256",
+    ]);
+    agent = sb.spawn(sb.node, cmd[0], cmd.slice(1));
+    await waitFor("the first sync", async () => {
+      const r = await sb.tryExec(sb.node, "iptables-save", ["-t", "nat"]);
+      return r.stdout.includes("demo/web:http cluster IP") && r.stdout.includes("demo/dns:dns cluster IP");
+    });
+    const logLines = agent.output.split("\n").filter((l) => /Using|backend|skip|invalid|Invalid/i.test(l));
+    for (const l of logLines.slice(0, 8)) console.log(`  agent: ${l.slice(0, 160)}`);
+
+    const fromPod = await sb.probe(sb.pod("client-pod").ns);
+    const fromClient = await sb.probe(sb.client);
+    const fromNode = await sb.probe(sb.node);
+
+    step("Traffic: 30 requests each");
+    await spread(fromPod, `pod -> ClusterIP ${WEB_VIP}:80`, WEB_VIP, 80);
+    await spread(fromNode, `node -> ClusterIP ${WEB_VIP}:80`, WEB_VIP, 80);
+    await spread(fromClient, `outside client -> NodePort ${sb.nodeIP}:${NODE_PORT}`, sb.nodeIP, NODE_PORT);
+    await spread(fromPod, `pod -> UDP ${DNS_VIP}:53 (ClientIP affinity)`, DNS_VIP, 53, 10, true);
+
+    step("Live change: web-3 becomes not ready (EndpointSlice update)");
+    const slice = (await readWebSlice())!;
+    slice.endpoints![2].conditions = { ready: false, serving: false, terminating: true };
+    await sim.upsert(slice);
+    await waitFor("web-3 to leave the rules", async () => {
+      const r = await sb.tryExec(sb.node, "iptables-save", ["-t", "nat"]);
+      return !r.stdout.includes("10.244.0.13:8080");
+    });
+    await spread(fromPod, `pod -> ClusterIP ${WEB_VIP}:80`, WEB_VIP, 80);
+
+    step("Live change: every web endpoint removed -> connections are rejected at once");
+    await sim.upsert({ ...slice, endpoints: [] } as EndpointSlice);
+    await waitFor("the REJECT rule", async () => {
+      const r = await sb.tryExec(sb.node, "iptables-save", ["-t", "filter"]);
+      return r.stdout.includes("demo/web:http has no endpoints");
+    });
+    await spread(fromPod, `pod -> ClusterIP ${WEB_VIP}:80`, WEB_VIP, 80, 5);
+
+    step("Live change: all three pods back");
+    slice.endpoints![2].conditions = { ready: true, serving: true, terminating: false };
+    await sim.upsert(slice);
+    await waitFor("web endpoints back", async () => {
+      const r = await sb.tryExec(sb.node, "iptables-save", ["-t", "nat"]);
+      return r.stdout.includes("10.244.0.13:8080") && r.stdout.includes("10.244.0.11:8080");
+    });
+    await spread(fromPod, `pod -> ClusterIP ${WEB_VIP}:80`, WEB_VIP, 80);
+
+    step("The rules of demo/web (iptables-save -t nat, as an operator would grep them)");
+    const nat = (await sb.exec(sb.node, "iptables-save", ["-t", "nat"])).stdout;
+    const svcChain = nat.match(/-j (KUBE-SVC-[A-Z0-9]{16})/m)?.[1];
+    for (const line of nat.split("\n")) {
+      if (line.includes("demo/web") || (svcChain && line.includes(svcChain))) console.log(`  ${line}`);
+    }
+
+    step("Health and the malformed Service");
+    const health = await sb.tryExec(sb.node, Deno.execPath(), [
+      "eval",
+      "const r = await fetch('http://127.0.0.1:10256/livez'); console.log(r.status, await r.text())",
+    ]);
+    console.log(`  /livez: ${health.stdout.trim()}`);
+    const broken = agent.output.split("\n").find((l) => l.includes("demo/broken"));
+    console.log(`  agent: ${broken?.slice(0, 200) ?? "(no log line for demo/broken)"}`);
+  } finally {
+    step("Cleaning up: agent, simulator, namespaces");
+    await agent?.stop().catch(() => {});
+    await sim?.close().catch(() => {});
+    await sb.destroy();
+    console.log("  done");
+  }
+
+  async function readWebSlice(): Promise<EndpointSlice> {
+    const { readManifest } = await import("../tests/support/apiserver_process.ts");
+    const objs = await readManifest(`${PROJECT_ROOT}examples/web.yaml`);
+    return objs.find((o) => o.kind === "EndpointSlice") as EndpointSlice;
+  }
+}
+
+if (import.meta.main) await main();

@@ -1,0 +1,24 @@
+/**
+ * The agent's command line exactly as the `start` task in deno.json runs it (same permission flags), so
+ * tests, the demo and the scale harness exercise the agent under its production permissions.
+ * @module
+ */
+
+const root = new URL("../../", import.meta.url);
+
+/** Absolute path of the project root (ends with "/"). */
+export const PROJECT_ROOT: string = root.pathname;
+
+/**
+ * `[denoPath, "run", ...permission flags, "<root>/main.ts", ...agentArgs]`, read from deno.json's `start`
+ * task so that there is only one list of permissions.
+ */
+export function agentCommand(agentArgs: string[]): string[] {
+  const denoJson = JSON.parse(Deno.readTextFileSync(new URL("deno.json", root)));
+  const words = (denoJson.tasks.start as string).trim().split(/\s+/);
+  if (words[0] !== "deno" || words[1] !== "run" || words.at(-1) !== "main.ts") {
+    throw new Error(`unexpected start task: ${denoJson.tasks.start}`);
+  }
+  const flags = words.slice(2, -1);
+  return [Deno.execPath(), "run", ...flags, new URL("main.ts", root).pathname, ...agentArgs];
+}
