@@ -81,9 +81,9 @@ function emit(sev: Severity, level: number, msg: string, kv: KV | undefined, err
     return;
   }
   const letter = sev === "info" ? "I" : sev === "warning" ? "W" : "E";
-  const head = `${letter}${pad(t.getMonth() + 1)}${pad(t.getDate())} ${pad(t.getHours())}:${pad(t.getMinutes())}:${
-    pad(t.getSeconds())
-  }.${pad(t.getMilliseconds(), 3)}000 ${String(Deno.pid).padStart(7)} ${where}]`;
+  const head = `${letter}${pad(t.getMonth() + 1)}${pad(t.getDate())} ${pad(t.getHours())}:${
+    pad(t.getMinutes())
+  }:${pad(t.getSeconds())}.${pad(t.getMilliseconds(), 3)}000 ${String(Deno.pid).padStart(7)} ${where}]`;
   let line = `${head} ${JSON.stringify(msg)}`;
   if (err !== undefined) line += ` err=${quote(err)}`;
   for (const [k, v] of Object.entries(kv ?? {})) line += ` ${k}=${quote(v)}`;
