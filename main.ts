@@ -3,7 +3,8 @@
  * @module
  */
 import { parseCommandLine } from "./lib/config/command.ts";
-import { runAgent, runCleanup } from "./lib/agent.ts";
+import { platformInit, runAgent, runCleanup } from "./lib/agent.ts";
+import { DenoCommandRunner } from "./lib/exec.ts";
 import { KubeConfigError } from "./lib/kube/kubeconfig.ts";
 import { log } from "./lib/log.ts";
 
@@ -12,6 +13,10 @@ if (import.meta.main) {
   if ("exit" in parsed) Deno.exit(parsed.exit);
   const opts = parsed.options;
   if (opts.cleanup) Deno.exit(await runCleanup());
+  if (opts.initOnly) {
+    await platformInit(opts, new DenoCommandRunner());
+    Deno.exit(0);
+  }
   try {
     const agent = await runAgent(opts);
     Deno.exit(await agent.done);

@@ -60,8 +60,8 @@ export async function runCleanup(runner: CommandRunner = new DenoCommandRunner()
   return failed ? 1 : 0;
 }
 
-/** Upstream's privileged initialisation: OOM score and conntrack sysctls. Never throws. */
-async function platformInit(opts: ProxyOptions, runner: CommandRunner): Promise<void> {
+/** Upstream's privileged initialisation (`--init-only` stops after it): OOM score and conntrack sysctls. */
+export async function platformInit(opts: ProxyOptions, runner: CommandRunner): Promise<void> {
   await applyOOMScoreAdj(runner, opts.config.oomScoreAdj);
   const ct = opts.config.conntrack;
   const seconds = (ms: number) => Math.floor(ms / 1000);
@@ -321,6 +321,26 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   services.start(abort.signal);
   slices.start(abort.signal);
   stops.push(() => services.stop(), () => slices.stop());
+
+  if (opts.configFile !== "") {
+    // Upstream exits when its config file changes so that the DaemonSet restarts it with the new one.
+    const watcher = Deno.watchFs(opts.configFile);
+    stops.push(() => watcher.close());
+    void (async () => {
+      try {
+        for await (const ev of watcher) {
+          if (ev.kind === "modify" || ev.kind === "remove" || ev.kind === "create") {
+            log.error("Content of the proxy server's configuration file was updated", undefined, {
+              path: opts.configFile,
+              event: ev.kind,
+            });
+            fatal(1);
+            return;
+          }
+        }
+      } catch { /* closed */ }
+    })();
+  }
 
   events.event(nodeRef(nodeName), "Normal", "Starting", "StartKubeProxy", "");
   stops.push(() => events.flush());

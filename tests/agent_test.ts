@@ -1,0 +1,208 @@
+/**
+ * The whole agent (lib/agent.ts: informers, node manager, proxier, iptables dataplane, servers, events)
+ * against the API server simulator over real HTTP, with a recording command runner in place of the
+ * kernel tools (DESIGN.md testing layer 2).
+ */
+import assert from "node:assert/strict";
+import { runAgent } from "../lib/agent.ts";
+import { parseCommandLine } from "../lib/config/command.ts";
+import { type RecordedCall, RecordingCommandRunner } from "../lib/exec.ts";
+import { configureLogging } from "../lib/log.ts";
+import type { EndpointSlice, KubeEvent, Node, Service } from "../lib/kube/types.ts";
+import { ApiServerSimulator } from "./support/apiserver.ts";
+
+const node: Node = {
+  apiVersion: "v1",
+  kind: "Node",
+  metadata: { name: "node1", labels: { "topology.kubernetes.io/zone": "z1" } },
+  status: { addresses: [{ type: "InternalIP", address: "10.250.0.1" }] },
+};
+
+function service(name: string, clusterIP: string, protocol = "TCP"): Service {
+  return {
+    apiVersion: "v1",
+    kind: "Service",
+    metadata: { name, namespace: "demo" },
+    spec: {
+      type: "ClusterIP",
+      clusterIP,
+      clusterIPs: [clusterIP],
+      ports: [{ name: "p", port: 80, protocol }],
+    },
+  };
+}
+
+function slice(svc: string, ips: string[], protocol = "TCP"): EndpointSlice {
+  return {
+    apiVersion: "discovery.k8s.io/v1",
+    kind: "EndpointSlice",
+    metadata: { name: `${svc}-abc`, namespace: "demo", labels: { "kubernetes.io/service-name": svc } },
+    addressType: "IPv4",
+    ports: [{ name: "p", port: 8080, protocol }],
+    endpoints: ips.map((ip) => ({ addresses: [ip], conditions: { ready: true }, nodeName: "node1" })),
+  };
+}
+
+function responder(call: RecordedCall) {
+  if (call.cmd === "ip") return { stdout: "[]" };
+  if (call.cmd === "sysctl" && call.args[0] === "-n") return { stdout: "0\n" };
+  return undefined;
+}
+
+const isRestore = (c: RecordedCall) => /^ip(6)?tables(-nft|-legacy)?-restore$/.test(c.cmd);
+
+async function until(what: string, cond: () => boolean, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+async function startAgent(sim: ApiServerSimulator, runner: RecordingCommandRunner, exits: number[]) {
+  const kubeconfig = await sim.writeKubeconfig();
+  const parsed = await parseCommandLine([
+    "--kubeconfig",
+    kubeconfig,
+    "--hostname-override",
+    "node1",
+    "--cluster-cidr",
+    "10.244.0.0/16",
+    "--iptables-min-sync-period",
+    "0s",
+  ], { stdout: () => {}, stderr: () => {} });
+  assert.ok("options" in parsed);
+  const opts = parsed.options;
+  opts.config.healthzBindAddress = "127.0.0.1:0";
+  opts.config.metricsBindAddress = "127.0.0.1:0";
+  const agent = await runAgent(opts, { runner, exit: (code) => void exits.push(code) });
+  return { agent, kubeconfig };
+}
+
+Deno.test({
+  name:
+    "agent: syncs after both informers, follows a slice change with a partial restore and no other iptables call",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  async fn() {
+    configureLogging({ sink: () => {} });
+    const sim = await ApiServerSimulator.start();
+    sim.upsert("nodes", node);
+    sim.upsert("services", service("web", "10.96.0.10"));
+    sim.upsert("endpointslices", slice("web", ["10.244.0.11", "10.244.0.12"]));
+    const runner = new RecordingCommandRunner(responder);
+    const exits: number[] = [];
+    const { agent, kubeconfig } = await startAgent(sim, runner, exits);
+    try {
+      await until(
+        "the first restore",
+        () => runner.calls.some((c) => isRestore(c) && c.stdin.includes("10.244.0.12:8080")),
+      );
+      const first = runner.calls.find(isRestore)!;
+      assert.match(first.stdin, /-A KUBE-SERVICES -m comment --comment "demo\/web:p cluster IP"/);
+      assert.match(first.stdin, /^\*nat$/m);
+
+      const before = runner.calls.length;
+      sim.upsert("endpointslices", slice("web", ["10.244.0.11", "10.244.0.13"]));
+      await until(
+        "the partial restore",
+        () => runner.calls.slice(before).some((c) => isRestore(c) && c.stdin.includes("10.244.0.13:8080")),
+      );
+      const after = runner.calls.slice(before);
+      const iptablesCalls = after.filter((c) => c.cmd.includes("iptables"));
+      assert.ok(
+        iptablesCalls.every(isRestore),
+        `only restores: ${iptablesCalls.map((c) => c.cmd).join(", ")}`,
+      );
+      const partial = iptablesCalls.find((c) => c.stdin.includes("10.244.0.13:8080"))!;
+      assert.ok(
+        !partial.stdin.includes("-X KUBE-PROXY-CANARY"),
+        "partial restore does not touch static chains",
+      );
+      assert.ok(partial.stdin.includes("-X KUBE-SEP-"), "the removed endpoint's chain is deleted");
+      assert.deepEqual(exits, []);
+    } finally {
+      await agent.stop();
+      await sim.close();
+      await Deno.remove(kubeconfig);
+      configureLogging({ sink: (l) => console.error(l) });
+    }
+  },
+});
+
+Deno.test({
+  name: "agent: a malformed Service is skipped with an Event and the other services' rules stay",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  async fn() {
+    configureLogging({ sink: () => {} });
+    const sim = await ApiServerSimulator.start();
+    sim.upsert("nodes", node);
+    sim.upsert("services", service("web", "10.96.0.10"));
+    sim.upsert("endpointslices", slice("web", ["10.244.0.11"]));
+    const runner = new RecordingCommandRunner(responder);
+    const exits: number[] = [];
+    const { agent, kubeconfig } = await startAgent(sim, runner, exits);
+    try {
+      await until("the first restore", () => runner.calls.some(isRestore));
+      sim.upsert("services", service("broken", "10.96.0.999"));
+      sim.upsert("services", service("api", "10.96.0.20"));
+      await until(
+        "the api service",
+        () => runner.calls.some((c) => isRestore(c) && c.stdin.includes("demo/api:p")),
+      );
+      const last = runner.calls.filter(isRestore).at(-1)!;
+      assert.ok(!last.stdin.includes("demo/broken"), "the broken service has no rules");
+      await until(
+        "the InvalidService event",
+        () =>
+          sim.list<KubeEvent>("events").some((e) =>
+            e.reason === "InvalidService" && e.regarding?.name === "broken"
+          ),
+      );
+      const starting = sim.list<KubeEvent>("events").find((e) => e.reason === "Starting");
+      assert.equal(starting?.regarding?.kind, "Node");
+      assert.equal(starting?.regarding?.name, "node1");
+      // The web service is still served: every restore since the first keeps its dispatch rule and none
+      // deletes its chain.
+      const webChain = runner.calls.find(isRestore)!.stdin.match(
+        /"demo\/web:p cluster IP".* -j (KUBE-SVC-\w+)/,
+      )?.[1];
+      assert.ok(webChain);
+      for (const c of runner.calls.filter((c) => isRestore(c) && c.cmd.startsWith("iptables"))) {
+        assert.ok(c.stdin.includes(`-j ${webChain}`), "web dispatch rule present in every restore");
+        assert.ok(!c.stdin.includes(`-X ${webChain}`), "web chain never deleted");
+      }
+    } finally {
+      await agent.stop();
+      await sim.close();
+      await Deno.remove(kubeconfig);
+      configureLogging({ sink: (l) => console.error(l) });
+    }
+  },
+});
+
+Deno.test({
+  name: "agent: exits with status 1 when its Node is deleted, as upstream",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  async fn() {
+    configureLogging({ sink: () => {} });
+    const sim = await ApiServerSimulator.start();
+    sim.upsert("nodes", node);
+    const runner = new RecordingCommandRunner(responder);
+    const exits: number[] = [];
+    const { agent, kubeconfig } = await startAgent(sim, runner, exits);
+    try {
+      await until("the first restore", () => runner.calls.some(isRestore));
+      sim.delete("nodes", undefined, "node1");
+      await until("exit", () => exits.length > 0);
+      assert.deepEqual(exits, [1]);
+    } finally {
+      await agent.stop();
+      await sim.close();
+      await Deno.remove(kubeconfig);
+      configureLogging({ sink: (l) => console.error(l) });
+    }
+  },
+});
