@@ -2,8 +2,8 @@
  * iptables rule rendering, rule for rule as upstream's `syncProxyRules` (pkg/proxy/iptables/proxier.go).
  *
  * Each service port is rendered once into a {@linkcode ServicePortBlock} (filter rules, nat dispatch rules for
- * KUBE-SERVICES / KUBE-NODEPORTS, and its own SVC/SVL/EXT/FW/SEP chains); the dataplane caches blocks and only
- * re-renders changed ports. Static chains and rules come from the helpers at the end of this file.
+ * KUBE-SERVICES / KUBE-NODEPORTS, and its own SVC/SVL/EXT/FW/SEP chains), encoded to bytes once; the dataplane
+ * caches blocks, only re-renders changed ports, and assembles payloads by copying cached bytes. Static chains and rules come from the helpers at the end of this file.
  * @module
  */
 
@@ -60,18 +60,22 @@ export interface RenderConfig {
   readonly nodeIP: string | null;
 }
 
-/** One rendered service port. Text is kept per part so that a sync can pick what it writes. */
+/**
+ * One rendered service port, kept as bytes (encoded once when the port changes) so that a sync only copies
+ * cached blocks into its payload buffer. Parts are views: `filter`/`dispatch` share one small buffer and
+ * `chainLines`/`chainRules` another, so that an unchanged dispatch can be reused without pinning the chains.
+ */
 export interface ServicePortBlock {
   /** The state this block was rendered from (identity check for the cache). */
   state: ServicePortState;
   /** Filter rules (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-PROXY-FIREWALL, KUBE-NODEPORTS). */
-  readonly filter: string;
+  filter: Uint8Array;
   /** nat rules in KUBE-SERVICES and KUBE-NODEPORTS (always written). */
-  readonly dispatch: string;
+  dispatch: Uint8Array;
   /** `:CHAIN - [0:0]` lines of the port's own nat chains. */
-  readonly chainLines: string;
+  readonly chainLines: Uint8Array;
   /** Rules of the port's own nat chains. */
-  readonly chainRules: string;
+  readonly chainRules: Uint8Array;
   /** Names of the port's own nat chains. */
   readonly chains: readonly string[];
   readonly filterRuleCount: number;
@@ -83,6 +87,40 @@ export interface ServicePortBlock {
   readonly noLocalInternal: boolean;
   /** eTP=Local without local endpoints (DROP for external destinations). */
   readonly noLocalExternal: boolean;
+}
+
+const blockEncoder = new TextEncoder();
+
+/** Encodes `a + b` into one buffer and returns the two views (one allocation; ASCII fast path). */
+function encodePair(a: string, b: string): [Uint8Array, Uint8Array] {
+  const s = a + b;
+  const buf = new Uint8Array(s.length);
+  const r = blockEncoder.encodeInto(s, buf);
+  if (r.read === s.length && r.written === s.length) {
+    return [buf.subarray(0, a.length), buf.subarray(a.length)];
+  }
+  // Non-ASCII text (not produced by valid Kubernetes names, but stay correct).
+  const x = blockEncoder.encode(a), y = blockEncoder.encode(b);
+  const all = new Uint8Array(x.length + y.length);
+  all.set(x);
+  all.set(y, x.length);
+  return [all.subarray(0, x.length), all.subarray(x.length)];
+}
+
+/** True when two byte views hold the same bytes. */
+export function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a === b) return true;
+  const n = a.length;
+  if (n !== b.length) return false;
+  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+const textDecoder = new TextDecoder();
+
+/** The text of a block part (tests, debugging). */
+export function blockText(part: Uint8Array): string {
+  return textDecoder.decode(part);
 }
 
 function ipOnly(ep: EndpointInfo): string {
@@ -313,12 +351,14 @@ export function renderServicePort(
     nRules += 2;
   }
 
+  const [filterBytes, dispatchBytes] = encodePair(filter, dispatch);
+  const [lineBytes, ruleBytes] = encodePair(lines, rules);
   return {
     state: st,
-    filter,
-    dispatch,
-    chainLines: lines,
-    chainRules: rules,
+    filter: filterBytes,
+    dispatch: dispatchBytes,
+    chainLines: lineBytes,
+    chainRules: ruleBytes,
     chains,
     filterRuleCount: nFilter,
     dispatchRuleCount: nDispatch,
