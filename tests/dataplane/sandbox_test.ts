@@ -81,7 +81,10 @@ Deno.test({
         const c = await sb.addPod("pod-c");
         assert.equal(c.ip, "10.244.0.4");
         await sb.startServer(c.ns, { tcp: [8080] });
-        assert.ok((await pa.tcp(c.ip, 8080)).answer?.startsWith("pod-c "));
+        const r = await pa.tcp(c.ip, 8080);
+        assert.ok(r.answer?.startsWith("pod-c "), JSON.stringify(r));
+        // Existing pods still reach each other (the gateway MAC did not change under them).
+        assert.equal((await sb.probe(c.ns).then((p) => p.tcp(a.ip, 8080))).result, "ok");
       });
     } finally {
       await sb.destroy();

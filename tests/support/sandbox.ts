@@ -353,7 +353,9 @@ export class Sandbox {
     const bnf = await this.tryExec(this.node, "sysctl", ["-q", "-w", "net.bridge.bridge-nf-call-iptables=1"]);
     this.bridgeNetfilter = bnf.code === 0;
 
-    await this.ip(this.node, "link", "add", "br0", "type", "bridge");
+    // A fixed MAC: otherwise the bridge takes its lowest port's MAC, which changes when pods come and
+    // go, and pods would keep sending to the stale gateway MAC from their neighbour cache.
+    await this.ip(this.node, "link", "add", "br0", "address", "02:00:0a:f4:00:01", "type", "bridge");
     await this.ip(this.node, "addr", "add", `${this.bridgeIP}/24`, "dev", "br0");
     await this.ip(this.node, "link", "set", "br0", "up");
 
@@ -424,7 +426,8 @@ export class Sandbox {
       stdin: opts.stdin ? "piped" : "null",
       stdout: "piped",
       stderr: "piped",
-      env: { NO_COLOR: "1" },
+      // No update check: Deno would try DNS from inside the namespaces.
+      env: { NO_COLOR: "1", DENO_NO_UPDATE_CHECK: "1" },
     }).spawn();
     const proc = new SandboxProcess(ns, child, opts.rawStdout ?? false);
     this.#processes.add(proc);

@@ -1,0 +1,310 @@
+/**
+ * Packet-level tests of the real agent (issue #5 item 7): `main.ts`, started with exactly the `start`
+ * task's permission flags, runs in the sandbox's node namespace against the API server simulator (a child
+ * process in the same namespace) and programs the default iptables backend there; real TCP/UDP traffic
+ * from the client, the node and pods checks reachability, balance, affinity, source IPs, REJECT/DROP,
+ * conntrack cleanup, self-repair, restarts and `--cleanup`.
+ *
+ * One sandbox and one agent serve all steps (start-up costs seconds); each step uses its own Service.
+ */
+
+import assert from "node:assert/strict";
+import { agentCommand } from "../support/agent_command.ts";
+import { SimulatorProcess } from "../support/apiserver_process.ts";
+import { type Probe } from "../support/probe.ts";
+import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../support/sandbox.ts";
+import { endpointSlice, eventually, nodeObject, service, sleep, tally } from "./helpers.ts";
+
+const unavailable = sandboxUnavailableReason(["ip", "iptables", "iptables-save", "conntrack", "sysctl"]);
+const NODE = "node1";
+const OTHER_NODE = "node2";
+const SYNC_PERIOD_S = 5;
+
+function agentArgs(kubeconfig: string): string[] {
+  return [
+    "--kubeconfig",
+    kubeconfig,
+    "--hostname-override",
+    NODE,
+    "--cluster-cidr",
+    "10.244.0.0/16",
+    `--iptables-sync-period=${SYNC_PERIOD_S}s`,
+    "--iptables-min-sync-period=0s",
+    // 0 leaves nf_conntrack_max alone (it is global to the host, not per namespace).
+    "--conntrack-max-per-core=0",
+    "-v=2",
+  ];
+}
+
+function startAgent(sb: Sandbox, kubeconfig: string): SandboxProcess {
+  const [cmd, ...args] = agentCommand(agentArgs(kubeconfig));
+  return sb.spawn(sb.node, cmd, args);
+}
+
+/** Waits until the agent's rules carry the "web" ClusterIP; fails at once if the agent exits. */
+async function waitServing(agent: SandboxProcess, probe: Probe): Promise<void> {
+  let exited = false;
+  agent.status.then(() => exited = true);
+  await eventually(
+    "the agent's first sync",
+    async () => {
+      if (exited) throw new Error("the agent exited");
+      const r = await probe.tcp("10.96.0.10", 80, { timeoutMs: 300 });
+      return r.result === "ok" ? r : undefined;
+    },
+    30_000,
+    200,
+  ).catch((err) => {
+    throw new Error(`${err.message}\nagent output:\n${agent.tail()}`);
+  });
+}
+
+/** Pod names answering `count` sequential TCP probes (or outcomes like `timeout`). */
+async function hits(probe: Probe, host: string, port: number, count: number, opts = {}): Promise<string[]> {
+  return await probe.repeat({ op: "tcp", host, port, timeoutMs: 1000, ...opts }, count);
+}
+
+Deno.test({
+  name: "dataplane: the agent's iptables rules carry real traffic",
+  ignore: unavailable !== undefined,
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async (t) => {
+    const sb = await Sandbox.create({
+      pods: ["pod-a", "pod-b", "pod-c", "pod-x"],
+      extraClientIPs: ["192.168.77.3"],
+    });
+    let sim: SimulatorProcess | undefined;
+    let agent: SandboxProcess | undefined;
+    try {
+      const a = sb.pod("pod-a"), b = sb.pod("pod-b"), c = sb.pod("pod-c");
+      await Promise.all([a, b, c].map((p) => sb.startServer(p.ns, { tcp: [8080], udp: [8081] })));
+      sim = await SimulatorProcess.start({ netns: sb.node });
+      await sim.upsert(nodeObject(NODE, sb.nodeIP, sb.podCIDR));
+      await sim.upsert(nodeObject(OTHER_NODE, "192.168.78.1", "10.244.1.0/24"));
+      const local = (ip: string) => ({ ip, node: NODE });
+      const remote = (ip: string) => ({ ip, node: OTHER_NODE });
+
+      // Services used by the steps below, all created before the agent starts.
+      await sim.upsert(service({ name: "web", clusterIP: "10.96.0.10" }));
+      await sim.upsert(endpointSlice("web", [local(a.ip), local(b.ip), remote(c.ip)]));
+      await sim.upsert(
+        service({
+          name: "np",
+          clusterIP: "10.96.0.11",
+          type: "NodePort",
+          ports: [{ port: 80, nodePort: 30080 }],
+        }),
+      );
+      await sim.upsert(endpointSlice("np", [local(a.ip), local(b.ip)]));
+      await sim.upsert(service({
+        name: "lb",
+        clusterIP: "10.96.0.12",
+        type: "LoadBalancer",
+        ports: [{ port: 80, nodePort: 30082 }],
+        lbIPs: ["172.30.0.10"],
+        externalIPs: ["172.30.0.20"],
+      }));
+      await sim.upsert(endpointSlice("lb", [local(a.ip), remote(c.ip)]));
+      await sim.upsert(service({
+        name: "lbsr",
+        clusterIP: "10.96.0.13",
+        type: "LoadBalancer",
+        ports: [{ port: 80, nodePort: 30083 }],
+        lbIPs: ["172.30.0.11"],
+        sourceRanges: [`${sb.clientIP}/32`],
+      }));
+      await sim.upsert(endpointSlice("lbsr", [local(a.ip)]));
+      await sim.upsert(service({ name: "sticky", clusterIP: "10.96.0.14", affinitySeconds: 60 }));
+      await sim.upsert(endpointSlice("sticky", [local(a.ip), local(b.ip), remote(c.ip)]));
+      await sim.upsert(service({
+        name: "etp",
+        clusterIP: "10.96.0.15",
+        type: "NodePort",
+        ports: [{ port: 80, nodePort: 30085 }],
+        eTPLocal: true,
+      }));
+      await sim.upsert(endpointSlice("etp", [local(a.ip), remote(c.ip)]));
+      await sim.upsert(service({ name: "itp", clusterIP: "10.96.0.16", iTPLocal: true }));
+      await sim.upsert(endpointSlice("itp", [local(b.ip), remote(c.ip)]));
+      await sim.upsert(service({ name: "empty", clusterIP: "10.96.0.17" }));
+      const udpPorts = [{ port: 53, protocol: "UDP" as const }];
+      await sim.upsert(service({ name: "dns", clusterIP: "10.96.0.18", ports: udpPorts }));
+      await sim.upsert(endpointSlice("dns", [local(a.ip)], udpPorts));
+
+      agent = startAgent(sb, sim.kubeconfig);
+      const x = sb.pod("pod-x");
+      const [pc, pn, px] = await Promise.all([sb.probe(sb.client), sb.probe(sb.node), sb.probe(x.ns)]);
+      await waitServing(agent, pn);
+
+      await t.step("ClusterIP from the node and from a pod reaches every endpoint", async () => {
+        for (const probe of [pn, px]) {
+          const got = tally(await hits(probe, "10.96.0.10", 80, 60));
+          assert.deepEqual(Object.keys(got).sort(), ["pod-a", "pod-b", "pod-c"], JSON.stringify(got));
+        }
+        // Pod-to-Service traffic keeps the pod's IP (no masquerade inside the cluster CIDR).
+        const r = await px.tcp("10.96.0.10", 80);
+        assert.match(r.answer ?? "", new RegExp(` ${x.ip.replaceAll(".", "\\.")}:\\d+$`), JSON.stringify(r));
+      });
+
+      await t.step("NodePort from the client reaches every endpoint, masqueraded", async () => {
+        const answers: string[] = [];
+        for (let i = 0; i < 40; i++) {
+          const r = await pc.tcp(sb.nodeIP, 30080);
+          assert.equal(r.result, "ok");
+          answers.push(r.answer!);
+        }
+        assert.deepEqual(new Set(answers.map((x) => x.split(" ")[0])), new Set(["pod-a", "pod-b"]));
+        for (const x of answers) {
+          assert.ok(!x.includes(` ${sb.clientIP}:`), `client IP not masqueraded: ${x}`);
+        }
+      });
+
+      await t.step("LoadBalancer IP and externalIP from the client", async () => {
+        for (const ip of ["172.30.0.10", "172.30.0.20"]) {
+          const got = tally(await hits(pc, ip, 80, 40));
+          assert.deepEqual(Object.keys(got).sort(), ["pod-a", "pod-c"], `${ip}: ${JSON.stringify(got)}`);
+        }
+      });
+
+      await t.step("loadBalancerSourceRanges allow the listed client and drop others", async () => {
+        assert.equal((await pc.tcp("172.30.0.11", 80)).answer?.split(" ")[0], "pod-a");
+        const denied = await pc.tcp("172.30.0.11", 80, { localAddress: "192.168.77.3", timeoutMs: 700 });
+        assert.equal(denied.result, "timeout", JSON.stringify(denied));
+      });
+
+      await t.step("ClientIP session affinity keeps one endpoint per client", async () => {
+        const fromClient = new Set(await hits(pc, "10.96.0.14", 80, 25));
+        assert.equal(fromClient.size, 1, [...fromClient].join(","));
+        const fromNode = new Set(await hits(pn, "10.96.0.14", 80, 25));
+        assert.equal(fromNode.size, 1, [...fromNode].join(","));
+      });
+
+      await t.step(
+        "externalTrafficPolicy Local keeps the client IP and drops without local endpoints",
+        async () => {
+          for (let i = 0; i < 20; i++) {
+            const r = await pc.tcp(sb.nodeIP, 30085);
+            assert.equal(r.result, "ok");
+            assert.match(r.answer!, new RegExp(`^pod-a ${sb.clientIP.replaceAll(".", "\\.")}:\\d+$`));
+          }
+          await sim!.upsert(endpointSlice("etp", [remote(c.ip)]));
+          await eventually("NodePort 30085 to drop", async () => {
+            const r = await pc.tcp(sb.nodeIP, 30085, { timeoutMs: 500 });
+            return r.result === "timeout" ? r : undefined;
+          }, 5000);
+          // Still reachable inside the cluster through the ClusterIP (Cluster policy for internal traffic).
+          assert.equal((await pn.tcp("10.96.0.15", 80)).answer?.split(" ")[0], "pod-c");
+        },
+      );
+
+      await t.step("internalTrafficPolicy Local uses only this node's endpoints", async () => {
+        assert.deepEqual(new Set(await hits(pn, "10.96.0.16", 80, 30)), new Set(["pod-b"]));
+        assert.deepEqual(new Set(await hits(px, "10.96.0.16", 80, 30)), new Set(["pod-b"]));
+      });
+
+      await t.step("no endpoints: connections are refused at once", async () => {
+        const t0 = performance.now();
+        const r = await pc.tcp("10.96.0.17", 80, { timeoutMs: 2000 });
+        assert.equal(r.result, "refused", JSON.stringify(r));
+        assert.ok(performance.now() - t0 < 500, `took ${performance.now() - t0} ms`);
+        assert.equal((await pn.tcp("10.96.0.17", 80, { timeoutMs: 2000 })).result, "refused");
+      });
+
+      await t.step("a removed endpoint is never chosen again within 2 s", async () => {
+        await sim!.upsert(endpointSlice("web", [local(a.ip), remote(c.ip)]));
+        await sleep(2000);
+        const got = tally(await hits(pn, "10.96.0.10", 80, 60));
+        assert.deepEqual(Object.keys(got).sort(), ["pod-a", "pod-c"], JSON.stringify(got));
+      });
+
+      await t.step("a UDP flow moves to the new endpoint once the old one is deleted", async () => {
+        const pb = await sb.probe(b.ns);
+        const first = await pb.udp("10.96.0.18", 53, { localPort: 40500 });
+        assert.equal(first.answer?.split(" ")[0], "pod-a", JSON.stringify(first));
+        // pod-a keeps running: only conntrack cleanup can move the flow (same 5-tuple) to pod-c.
+        await sim!.upsert(endpointSlice("dns", [local(c.ip)], udpPorts));
+        await eventually("the UDP flow to reach pod-c", async () => {
+          const r = await pb.udp("10.96.0.18", 53, { localPort: 40500, timeoutMs: 300 });
+          return r.answer?.startsWith("pod-c ") ? r : undefined;
+        }, 3000);
+      });
+
+      await t.step("an agent restart keeps established TCP connections", async () => {
+        const held = await pc.open(sb.nodeIP, 30080);
+        assert.equal(held.result, "ok");
+        const status = await agent!.stop(10_000);
+        assert.equal(status.code, 0, agent!.tail());
+        assert.equal((await pc.send(held.conn!)).result, "ok", "after stop");
+        agent = startAgent(sb, sim!.kubeconfig);
+        // The old rules stayed in place; wait for the new agent's own first (full) sync to be written.
+        await agent.waitForOutput("SyncProxyRules complete", 30_000);
+        assert.equal((await pc.send(held.conn!)).result, "ok", "after restart");
+        assert.equal((await pc.tcp(sb.nodeIP, 30080)).result, "ok", "new connections after restart");
+        await pc.closeConn(held.conn!);
+      });
+
+      await t.step("a flushed KUBE-SERVICES chain is rewritten by the next sync", async () => {
+        // As upstream, a sync (here caused by an unrelated Service change) rewrites KUBE-SERVICES in full.
+        await sb.exec(sb.node, "iptables", ["-w", "5", "-t", "nat", "-F", "KUBE-SERVICES"]);
+        assert.notEqual(
+          (await pn.tcp("10.96.0.10", 80, { timeoutMs: 300 })).result,
+          "ok",
+          "flush had no effect",
+        );
+        await sim!.upsert(service({ name: "trigger", clusterIP: "10.96.0.30" }));
+        await eventually("KUBE-SERVICES to be rewritten", async () => {
+          const r = await pn.tcp("10.96.0.10", 80, { timeoutMs: 300 });
+          return r.result === "ok" ? r : undefined;
+        }, 3000);
+      });
+
+      await t.step(
+        `rules wiped by a firewall reload are restored within syncPeriod (${SYNC_PERIOD_S}s)`,
+        async () => {
+          // What a firewall reload does: flush every chain, then delete every user chain (canaries included).
+          for (const table of ["nat", "filter", "mangle"]) {
+            await sb.exec(sb.node, "iptables", ["-w", "5", "-t", table, "-F"]);
+            await sb.exec(sb.node, "iptables", ["-w", "5", "-t", table, "-X"]);
+          }
+          assert.notEqual(
+            (await pn.tcp("10.96.0.10", 80, { timeoutMs: 300 })).result,
+            "ok",
+            "wipe had no effect",
+          );
+          await eventually(
+            "the rules to be restored",
+            async () => {
+              const r = await pn.tcp("10.96.0.10", 80, { timeoutMs: 300 });
+              return r.result === "ok" ? r : undefined;
+            },
+            (SYNC_PERIOD_S + 2) * 1000,
+            200,
+          );
+          assert.equal((await pc.tcp(sb.nodeIP, 30080)).result, "ok", "NodePort after the restore");
+        },
+      );
+
+      await t.step("--cleanup leaves no KUBE- chain (but kubelet's KUBE-FIREWALL)", async () => {
+        await agent!.stop(10_000);
+        const [cmd, ...args] = agentCommand(["--cleanup"]);
+        const r = await sb.tryExec(sb.node, cmd, args, undefined, 60_000);
+        assert.equal(r.code, 0, r.stderr);
+        for (const save of ["iptables-save", "iptables-legacy-save", "iptables-nft-save"]) {
+          const out = await sb.tryExec(sb.node, save, []);
+          if (out.code === 127) continue;
+          // As upstream's CleanupLeftovers, kubelet's KUBE-FIREWALL (which kube-proxy only duplicates) stays.
+          const left = out.stdout.split("\n").filter((l) =>
+            l.includes("KUBE-") && !l.includes("KUBE-FIREWALL")
+          );
+          assert.deepEqual(left, [], `${save}:\n${out.stdout}`);
+        }
+      });
+    } finally {
+      await agent?.stop(5000).catch(() => {});
+      await sim?.close().catch(() => {});
+      await sb.destroy();
+    }
+    assert.deepEqual(listNetns().filter((n) => n.startsWith(sb.prefix)), []);
+  },
+});

@@ -1,0 +1,153 @@
+/**
+ * Builders for the Kubernetes objects the dataplane tests feed the simulator, and polling helpers.
+ * @module
+ */
+
+import type { EndpointSlice, Node, Service, ServicePort } from "../../lib/kube/types.ts";
+
+/** The test namespace of every object. */
+export const NS = "dp";
+
+/** A Service port as tests write it: `targetPort` defaults to 8080 (TCP) or 8081 (UDP). */
+export interface PortSpec {
+  name?: string;
+  port: number;
+  protocol?: "TCP" | "UDP";
+  nodePort?: number;
+}
+
+/** What a test says about a Service; everything else gets the API server's defaults. */
+export interface ServiceSpecLite {
+  name: string;
+  clusterIP: string;
+  type?: "ClusterIP" | "NodePort" | "LoadBalancer";
+  ports?: PortSpec[];
+  externalIPs?: string[];
+  lbIPs?: string[];
+  sourceRanges?: string[];
+  affinitySeconds?: number;
+  eTPLocal?: boolean;
+  iTPLocal?: boolean;
+  healthCheckNodePort?: number;
+}
+
+/** A v1 Service in namespace {@linkcode NS}. */
+export function service(s: ServiceSpecLite): Service {
+  const type = s.type ?? "ClusterIP";
+  const ports: ServicePort[] = (s.ports ?? [{ name: "p", port: 80 }]).map((p) => ({
+    name: p.name ?? "p",
+    port: p.port,
+    protocol: p.protocol ?? "TCP",
+    targetPort: (p.protocol ?? "TCP") === "UDP" ? 8081 : 8080,
+    ...(p.nodePort ? { nodePort: p.nodePort } : {}),
+  }));
+  return {
+    apiVersion: "v1",
+    kind: "Service",
+    metadata: { namespace: NS, name: s.name, uid: `uid-${s.name}` },
+    spec: {
+      type,
+      clusterIP: s.clusterIP,
+      clusterIPs: [s.clusterIP],
+      ipFamilies: ["IPv4"],
+      ipFamilyPolicy: "SingleStack",
+      ports,
+      selector: { app: s.name },
+      externalIPs: s.externalIPs,
+      loadBalancerSourceRanges: s.sourceRanges,
+      sessionAffinity: s.affinitySeconds ? "ClientIP" : "None",
+      ...(s.affinitySeconds
+        ? { sessionAffinityConfig: { clientIP: { timeoutSeconds: s.affinitySeconds } } }
+        : {}),
+      ...(type !== "ClusterIP" ? { externalTrafficPolicy: s.eTPLocal ? "Local" : "Cluster" } : {}),
+      internalTrafficPolicy: s.iTPLocal ? "Local" : "Cluster",
+      ...(s.healthCheckNodePort ? { healthCheckNodePort: s.healthCheckNodePort } : {}),
+    },
+    status: s.lbIPs ? { loadBalancer: { ingress: s.lbIPs.map((ip) => ({ ip, ipMode: "VIP" })) } } : {},
+  };
+}
+
+/** One endpoint: a pod IP and the node it runs on. */
+export interface EndpointLite {
+  ip: string;
+  node: string;
+  ready?: boolean;
+  terminating?: boolean;
+}
+
+/** The EndpointSlice `<service>-1` of a Service whose ports are `ports` (same names as {@linkcode service}). */
+export function endpointSlice(
+  svc: string,
+  eps: EndpointLite[],
+  ports: PortSpec[] = [{ port: 80 }],
+): EndpointSlice {
+  return {
+    apiVersion: "discovery.k8s.io/v1",
+    kind: "EndpointSlice",
+    metadata: {
+      namespace: NS,
+      name: `${svc}-1`,
+      labels: { "kubernetes.io/service-name": svc, "endpointslice.kubernetes.io/managed-by": "dp-test" },
+    },
+    addressType: "IPv4",
+    endpoints: eps.map((e) => ({
+      addresses: [e.ip],
+      nodeName: e.node,
+      conditions: { ready: e.ready ?? true, serving: e.ready ?? true, terminating: e.terminating ?? false },
+    })),
+    ports: ports.map((p) => ({
+      name: p.name ?? "p",
+      protocol: p.protocol ?? "TCP",
+      port: (p.protocol ?? "TCP") === "UDP" ? 8081 : 8080,
+    })),
+  };
+}
+
+/** A Node with one InternalIP and a pod CIDR. */
+export function nodeObject(name: string, ip: string, podCIDR: string): Node {
+  return {
+    apiVersion: "v1",
+    kind: "Node",
+    metadata: { name, labels: { "kubernetes.io/hostname": name } },
+    spec: { podCIDR, podCIDRs: [podCIDR] },
+    status: { addresses: [{ type: "InternalIP", address: ip }, { type: "Hostname", address: name }] },
+  };
+}
+
+/** Sleeps `ms` milliseconds. */
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/**
+ * Calls `fn` until it returns a value other than undefined (and does not throw), every `intervalMs`;
+ * rejects after `timeoutMs` with the last error or `what`.
+ */
+export async function eventually<T>(
+  what: string,
+  fn: () => Promise<T | undefined>,
+  timeoutMs = 10_000,
+  intervalMs = 100,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  while (true) {
+    try {
+      const v = await fn();
+      if (v !== undefined) return v;
+    } catch (err) {
+      last = err;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: ${last}` : ""}`);
+    }
+    await sleep(intervalMs);
+  }
+}
+
+/** Counts occurrences of each string. */
+export function tally(names: string[]): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const n of names) out[n] = (out[n] ?? 0) + 1;
+  return out;
+}
