@@ -2,10 +2,13 @@
  * iptables payload generation and restore benchmarks.
  *
  * `deno bench --allow-all bench/iptables_bench.ts`: generation only (no kernel).
- * `deno run --allow-all bench/iptables_bench.ts [--restore]`: a table of generation figures at 1k/5k/10k
- * services × 10 endpoints (cold, cached full, partial after one endpoint change) and, with `--restore`, real
+ * `deno run --allow-all --v8-flags=--expose-gc bench/iptables_bench.ts [--restore]`: a table of generation
+ * figures at 1k/5k/10k services × 10 endpoints (cold, cached full, partial after one endpoint change) and, with
+ * `--restore`, real
  * iptables-legacy-restore / iptables-nft-restore times inside a throwaway netns (nft at 10k full is skipped:
  * it takes many minutes, see docs/benchmarks.md).
+ * `deno run --allow-all --v8-flags=--expose-gc bench/iptables_bench.ts --mem 10000`: memory of one size in a
+ * fresh process (RSS/heap/external before and after caching the blocks, peak RSS over 5 full builds).
  */
 import { DenoCommandRunner, RecordingCommandRunner } from "../lib/exec.ts";
 import { IptablesDataplane } from "../lib/iptables/dataplane.ts";
@@ -66,20 +69,64 @@ function ms(f: () => void, runs = 5): number {
   return t[Math.floor(t.length / 2)];
 }
 
-for (const n of [1000, 10000]) {
+// `deno bench` only (priming here would distort the memory figures of `deno run`).
+for (const n of import.meta.main ? [] : [1000, 10000]) {
   const states = services(n);
   const dp = await primed(states);
   const snap = snapshot(states);
   const part = snapshot(changeOne(states), { changed: ["ns0/svc0"] });
   Deno.bench(`full payload, cached blocks, ${n}x10`, () => {
-    new TextEncoder().encode(dp.buildPayload(snap, true).text);
+    dp.buildPayload(snap, true);
   });
   Deno.bench(`partial payload, one endpoint changed, ${n}x10`, () => {
-    new TextEncoder().encode(dp.buildPayload(part, false).text);
+    dp.buildPayload(part, false);
   });
 }
 
+function gc(): void {
+  (globalThis as { gc?: () => void }).gc?.();
+}
+
+const MiB = 1048576;
+
+/** One size in this (fresh) process: RSS/heap/external before and after caching, peak over full builds. */
+async function memory(n: number): Promise<void> {
+  const states = services(n);
+  const snap = snapshot(states);
+  gc();
+  const m0 = Deno.memoryUsage();
+  const dp = await primed([]);
+  let payload = dp.buildPayload(snap, true).bytes.byteLength;
+  gc();
+  const m1 = Deno.memoryUsage();
+  let peak = m1.rss;
+  for (let i = 0; i < 5; i++) {
+    payload = dp.buildPayload(snap, true).bytes.byteLength;
+    peak = Math.max(peak, Deno.memoryUsage().rss);
+  }
+  gc();
+  const m2 = Deno.memoryUsage();
+  const f = (x: number) => (x / MiB).toFixed(0);
+  console.log(
+    "| services x eps | payload | RSS states only | RSS after caching | heap after caching | external | RSS after 5 full builds | peak RSS |",
+  );
+  console.log("|---|---|---|---|---|---|---|---|");
+  console.log(
+    `| ${n}x10 | ${(payload / MiB).toFixed(1)} MiB | ${f(m0.rss)} MiB | ${f(m1.rss)} MiB (+${
+      f(m1.rss - m0.rss)
+    }) | ${f(m1.heapUsed)} MiB (+${f(m1.heapUsed - m0.heapUsed)}) | ${f(m1.external)} MiB | ${
+      f(m2.rss)
+    } MiB | ${f(peak)} MiB |`,
+  );
+}
+
+if (import.meta.main && Deno.args.includes("--mem")) {
+  await memory(Number(Deno.args[Deno.args.indexOf("--mem") + 1] ?? 10000));
+  Deno.exit(0);
+}
+
 if (import.meta.main) {
+  // Payloads are bytes ready for iptables-restore's stdin (IptablesDataplane.sync hands them over as is).
   console.log(
     "| services x eps | payload | cold full (render+encode) | cached full | partial (1 ep changed) | partial bytes |",
   );
@@ -87,21 +134,20 @@ if (import.meta.main) {
   for (const n of [1000, 5000, 10000]) {
     const states = services(n);
     const snap = snapshot(states);
-    let bytes = 0;
     const dpCold = await primed([]); // initialised, empty cache
     const t0 = performance.now();
-    bytes = new TextEncoder().encode(dpCold.buildPayload(snap, true).text).byteLength;
+    const bytes = dpCold.buildPayload(snap, true).bytes.byteLength;
     const coldMs = performance.now() - t0;
-    const cached = ms(() => new TextEncoder().encode(dpCold.buildPayload(snap, true).text));
+    const cached = ms(() => dpCold.buildPayload(snap, true), 7);
     const part = snapshot(changeOne(states), { changed: ["ns0/svc0"] });
     let pbytes = 0;
     const partialOnly = ms(() => {
-      pbytes = new TextEncoder().encode(dpCold.buildPayload(part, false).text).byteLength;
-    });
+      pbytes = dpCold.buildPayload(part, false).bytes.byteLength;
+    }, 21);
     console.log(
-      `| ${n}x10 | ${(bytes / 1048576).toFixed(1)} MiB | ${coldMs.toFixed(0)} ms | ${
-        cached.toFixed(0)
-      } ms | ${partialOnly.toFixed(1)} ms | ${(pbytes / 1024).toFixed(0)} KiB |`,
+      `| ${n}x10 | ${(bytes / MiB).toFixed(1)} MiB | ${coldMs.toFixed(0)} ms | ${cached.toFixed(0)} ms | ${
+        partialOnly.toFixed(1)
+      } ms | ${(pbytes / 1024).toFixed(0)} KiB |`,
     );
   }
 

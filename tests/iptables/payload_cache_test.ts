@@ -1,0 +1,226 @@
+/**
+ * The byte-block cache and payload buffer of IptablesDataplane: payloads assembled from cached blocks (and
+ * cached filter/dispatch sections) equal a fresh render under churn, chain deletions keep a model of the
+ * kernel's chains exact, and the reused payload buffer is never overwritten while iptables-restore reads it.
+ */
+import assert from "node:assert/strict";
+import type { CommandResult, CommandRunner, CommandSpec } from "../../lib/exec.ts";
+import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
+import { detectLocalByCIDR } from "../../lib/iptables/local_detector.ts";
+import { configureLogging } from "../../lib/log.ts";
+import type { ServicePortState } from "../../lib/proxy/types.ts";
+import { type EpSpec, makeState, recorder, restores, snapshot, type SvcSpec } from "./fixtures.ts";
+
+configureLogging({ sink: () => {} });
+
+function newDp(runner: CommandRunner = recorder()) {
+  return new IptablesDataplane({
+    family: "IPv4",
+    runner,
+    localDetector: detectLocalByCIDR("10.0.0.0/8"),
+    conntrackTCPBeLiberal: false,
+  });
+}
+
+/** A small deterministic PRNG (mulberry32). */
+function rng(seed: number): () => number {
+  return () => {
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+interface Svc {
+  spec: SvcSpec;
+  eps: EpSpec[];
+  state: ServicePortState;
+}
+
+function svc(i: number, r: () => number, gen: number): Svc {
+  const spec: SvcSpec = { ns: `ns${i % 3}`, name: `s${i}`, clusterIP: `172.30.${gen % 200}.${i}` };
+  if (r() < 0.3) spec.nodePort = 30000 + i;
+  if (r() < 0.2) spec.externalIPs = [`192.0.2.${i}`];
+  if (r() < 0.15) {
+    spec.lbVIPs = [`198.51.100.${i}`];
+    spec.nodePort = 31000 + i;
+    if (r() < 0.5) spec.sourceRanges = ["203.0.113.0/24", "192.168.0.0/16"];
+  }
+  if (r() < 0.2) spec.eTPLocal = true;
+  if (r() < 0.1) spec.iTPLocal = true;
+  if (r() < 0.1) spec.affinity = 10800;
+  const eps: EpSpec[] = [];
+  const n = Math.floor(r() * 4);
+  for (let j = 0; j < n; j++) eps.push({ ip: `10.${i}.${gen % 250}.${j + 1}`, local: r() < 0.4 });
+  return { spec, eps, state: makeState(spec, eps) };
+}
+
+/** Applies a payload's nat chain declarations and deletions to a set of our service chains. */
+function applyNat(model: Set<string>, payload: string): void {
+  const nat = payload.slice(
+    payload.indexOf("*nat\n"),
+    payload.indexOf("COMMIT\n", payload.indexOf("*nat\n")),
+  );
+  for (const line of nat.split("\n")) {
+    if (/^:KUBE-(SVC|SVL|EXT|FW|SEP)-/.test(line)) model.add(line.slice(1, line.indexOf(" ")));
+    else if (line.startsWith("-X ")) model.delete(line.slice(3));
+  }
+}
+
+function declaredServiceChains(payload: string): Set<string> {
+  return new Set([...payload.matchAll(/^:(KUBE-(?:SVC|SVL|EXT|FW|SEP)-\S+) /gm)].map((m) => m[1]));
+}
+
+function linesOf(payload: string, table: string, prefix: RegExp): string[] {
+  const start = payload.indexOf(`*${table}\n`);
+  const body = payload.slice(start, payload.indexOf("COMMIT\n", start));
+  return body.split("\n").filter((l) => prefix.test(l));
+}
+
+Deno.test("cached byte blocks: payloads under churn equal a fresh render, and chain deletions stay exact", async () => {
+  const r = rng(7);
+  const rec = recorder();
+  const dp = newDp(rec);
+  const live = new Map<number, Svc>();
+  for (let i = 1; i <= 25; i++) live.set(i, svc(i, r, 0));
+  let order = [...live.keys()];
+  await dp.sync(snapshot(order.map((i) => live.get(i)!.state)));
+  const model = new Set<string>();
+  applyNat(model, restores(rec)[0]);
+  let next = 26;
+
+  for (let step = 1; step <= 60; step++) {
+    const changed = new Set<string>();
+    const ops = 1 + Math.floor(r() * 3);
+    for (let k = 0; k < ops; k++) {
+      const x = r();
+      const ids = [...live.keys()];
+      const id = ids[Math.floor(r() * ids.length)];
+      if (x < 0.4 && id !== undefined) {
+        // Endpoint change only: dispatch bytes stay the same.
+        const s = live.get(id)!;
+        const eps = s.eps.slice(1);
+        eps.push({ ip: `10.${id}.${step % 250}.${100 + k}`, local: r() < 0.5 });
+        live.set(id, { spec: s.spec, eps, state: makeState(s.spec, eps) });
+        changed.add(`${s.spec.ns}/${s.spec.name}`);
+      } else if (x < 0.6 && id !== undefined) {
+        // Spec change (new cluster IP, maybe new type): dispatch bytes change.
+        const s = svc(id, r, step);
+        changed.add(`${live.get(id)!.spec.ns}/${live.get(id)!.spec.name}`);
+        live.set(id, s);
+        changed.add(`${s.spec.ns}/${s.spec.name}`);
+      } else if (x < 0.75 && id !== undefined) {
+        changed.add(`${live.get(id)!.spec.ns}/${live.get(id)!.spec.name}`);
+        live.delete(id);
+      } else if (x < 0.9) {
+        const s = svc(next, r, step);
+        live.set(next++, s);
+        changed.add(`${s.spec.ns}/${s.spec.name}`);
+      } else {
+        // Reorder the snapshot (the cached sections must follow the order).
+        order = order.slice().reverse();
+      }
+    }
+    order = [...order.filter((i) => live.has(i)), ...[...live.keys()].filter((i) => !order.includes(i))];
+    const states = order.map((i) => live.get(i)!.state);
+    const full = step % 13 === 0;
+    const res = await dp.sync(snapshot(states, { changed: full ? null : [...changed] }));
+    assert.equal(res.full, full);
+    const p = restores(rec).at(-1)!;
+    applyNat(model, p);
+
+    // What a dataplane that never saw the history renders for the same snapshot.
+    const fresh = newDp();
+    await fresh.sync(snapshot([]));
+    const want = fresh.buildPayload(snapshot(states), true).text;
+    const got = dp.buildPayload(snapshot(states), true).text;
+    assert.equal(got, want, `step ${step}: full payload from cached blocks`);
+    assert.deepEqual(model, declaredServiceChains(want), `step ${step}: chains in the kernel model`);
+    for (const [table, re] of [["filter", /^-A KUBE-/], ["nat", /^-A KUBE-(SERVICES|NODEPORTS) /]] as const) {
+      assert.deepEqual(linesOf(p, table, re), linesOf(want, table, re), `step ${step}: ${table} dispatch`);
+    }
+  }
+});
+
+Deno.test("payload buffer: bytes are valid until the next build, a stale .text throws", async () => {
+  const dp = newDp();
+  await dp.sync(snapshot([]));
+  const a = makeState({ ns: "ns1", name: "a", clusterIP: "172.30.0.1" }, [{ ip: "10.0.0.1" }]);
+  const b = makeState({ ns: "ns1", name: "b", clusterIP: "172.30.0.2" }, [{ ip: "10.0.0.2" }]);
+  const p1 = dp.buildPayload(snapshot([a]), true);
+  const t1 = p1.text;
+  assert.equal(new TextDecoder().decode(p1.bytes), t1);
+  const p2 = dp.buildPayload(snapshot([a, b]), true);
+  assert.equal(p1.text, t1); // decoded before the next build: kept
+  const p3 = dp.buildPayload(snapshot([b]), true);
+  assert.ok(p3.text.includes("ns1/b:p80"));
+  assert.throws(() => p2.text, /reused by a later build/);
+});
+
+/** Holds every iptables-restore until released; records the stdin bytes it was handed. */
+class SlowRunner implements CommandRunner {
+  readonly inner = recorder();
+  stdin: Uint8Array[] = [];
+  release: (() => void) | null = null;
+  hold = false;
+
+  async tryRun(spec: CommandSpec): Promise<CommandResult> {
+    if (spec.cmd === "iptables-restore" && spec.stdin instanceof Uint8Array) {
+      this.stdin.push(spec.stdin);
+      if (this.hold) await new Promise<void>((res) => this.release = res);
+    }
+    return this.inner.tryRun(spec);
+  }
+
+  async run(spec: CommandSpec): Promise<CommandResult> {
+    const r = await this.tryRun(spec);
+    if (r.code !== 0) throw new Error(r.stderr);
+    return r;
+  }
+}
+
+Deno.test("payload buffer: a build while iptables-restore still reads stdin does not touch its bytes", async () => {
+  const runner = new SlowRunner();
+  const dp = newDp(runner);
+  const a = makeState({ ns: "ns1", name: "a", clusterIP: "172.30.0.1" }, [{ ip: "10.0.0.1" }]);
+  const b = makeState({ ns: "ns1", name: "b", clusterIP: "172.30.0.2" }, [{ ip: "10.0.0.2" }]);
+  await dp.sync(snapshot([a, b]));
+  runner.hold = true;
+  const pending = dp.sync(snapshot([a, b]));
+  await new Promise((res) => setTimeout(res, 0));
+  assert.ok(runner.release, "restore is in flight");
+  const inFlight = runner.stdin.at(-1)!;
+  const before = new TextDecoder().decode(inFlight);
+  assert.ok(before.includes("ns1/b:p80"));
+  const other = dp.buildPayload(snapshot([a]), true);
+  assert.ok(!other.text.includes("ns1/b:p80"));
+  assert.equal(new TextDecoder().decode(inFlight), before);
+  runner.release!();
+  await pending;
+  assert.equal(restores(runner.inner).at(-1), before);
+});
+
+Deno.test("a port removed in a failed sync has its chains deleted by the next (full) sync", async () => {
+  let fail = false;
+  const rec = recorder((c) =>
+    c.cmd === "iptables-restore" && fail ? { code: 1, stderr: "iptables-restore: line 3 failed" } : undefined
+  );
+  const dp = newDp(rec);
+  const a = makeState({ ns: "ns1", name: "a", clusterIP: "172.30.0.1" }, [{ ip: "10.0.0.1" }]);
+  const b = makeState({ ns: "ns1", name: "b", clusterIP: "172.30.0.2" }, [{ ip: "10.0.0.2" }]);
+  await dp.sync(snapshot([a, b]));
+  const model = new Set<string>();
+  applyNat(model, restores(rec)[0]);
+  fail = true;
+  await assert.rejects(dp.sync(snapshot([a], { changed: ["ns1/b"] })));
+  fail = false;
+  const res = await dp.sync(snapshot([a], { changed: [] }));
+  assert.equal(res.full, true);
+  const p = restores(rec).at(-1)!;
+  applyNat(model, p);
+  const fresh = newDp();
+  await fresh.sync(snapshot([]));
+  assert.deepEqual(model, declaredServiceChains(fresh.buildPayload(snapshot([a]), true).text));
+  assert.equal(p.match(/^-X /gm)?.length, 2); // SVC and SEP of b
+});
