@@ -11,7 +11,7 @@
 import assert from "node:assert/strict";
 import { agentCommand } from "../support/agent_command.ts";
 import { SimulatorProcess } from "../support/apiserver_process.ts";
-import { type Probe } from "../support/probe.ts";
+import type { Probe } from "../support/probe.ts";
 import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../support/sandbox.ts";
 import { endpointSlice, eventually, nodeObject, service, sleep, tally } from "./helpers.ts";
 

@@ -24,6 +24,13 @@
  * are switched off in the node namespace so that pods keep sending through it. When the kernel does
  * have `net.bridge.bridge-nf-call-iptables`, it is also set to 1 inside the node namespace.
  *
+ * **Known limit: hairpin.** A pod reaching itself through a Service (pod → ClusterIP → same pod) does
+ * not work in this routed layout: after DNAT in nat PREROUTING the kernel drops the packet (source ==
+ * destination, same interface) before the FORWARD hook, so kube-proxy's hairpin masquerade in POSTROUTING
+ * never runs (traced with `nft monitor trace`; accept_local/rp_filter/send_redirects made no difference).
+ * Real clusters hairpin at L2 (bridge `hairpin_mode` plus br_netfilter), which this host lacks. Tests
+ * therefore use a pod that is not an endpoint as the in-cluster client.
+ *
  * Namespace names are `dkp-<pid>-<n>-<role>`; {@linkcode cleanupStale} removes those whose creating
  * process is gone, and every live sandbox is removed from unload/SIGINT/SIGTERM handlers.
  * @module
