@@ -164,6 +164,7 @@ export class SimulatorProcess {
       args: fullArgs,
       stdin: "piped",
       stdout: "piped",
+      env: { DENO_NO_UPDATE_CHECK: "1" },
       stderr: "inherit",
     })
       .spawn();
