@@ -4,9 +4,8 @@
  * `deno bench --allow-all bench/iptables_bench.ts`: generation only (no kernel).
  * `deno run --allow-all --v8-flags=--expose-gc bench/iptables_bench.ts [--restore]`: a table of generation
  * figures at 1k/5k/10k services × 10 endpoints (cold, cached full, partial after one endpoint change) and, with
- * `--restore`, real
- * iptables-legacy-restore / iptables-nft-restore times inside a throwaway netns (nft at 10k full is skipped:
- * it takes many minutes, see docs/benchmarks.md).
+ * `--restore`, real iptables-legacy-restore / iptables-nft-restore times inside a throwaway netns with a
+ * private xtables lock file (nft at 10k full is skipped: it takes many minutes, see docs/benchmarks.md).
  * `deno run --allow-all --v8-flags=--expose-gc bench/iptables_bench.ts --mem 10000`: memory of one size in a
  * fresh process (RSS/heap/external before and after caching the blocks, peak RSS over 5 full builds).
  */
@@ -154,12 +153,14 @@ if (import.meta.main) {
   if (Deno.args.includes("--restore")) {
     // The netns is private, so its xtables lock can be too: /run/xtables.lock is host-wide, and other
     // iptables users on the host would otherwise make `-w 5` time out (and add their waits to applyMs).
+    let lockFile: string | null = null;
     if (!Deno.env.get("XTABLES_LOCKFILE")) {
-      Deno.env.set(
-        "XTABLES_LOCKFILE",
-        await Deno.makeTempFile({ prefix: "dkp-ipt-bench-", suffix: ".lock" }),
-      );
+      lockFile = await Deno.makeTempFile({ prefix: "dkp-ipt-bench-", suffix: ".lock" });
+      Deno.env.set("XTABLES_LOCKFILE", lockFile);
     }
+    addEventListener("unload", () => {
+      if (lockFile) Deno.removeSync(lockFile);
+    });
     const host = new DenoCommandRunner();
     console.log(
       "\n| backend | services x eps | full restore (cold) | full restore (again) | partial restore |",
