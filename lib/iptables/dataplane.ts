@@ -342,6 +342,8 @@ export class IptablesDataplane implements Dataplane {
   private needFull = true;
   private jumpsVerified = false;
   private largeCluster = false;
+  /** The last restore left rules in nat KUBE-SERVICES (checked by needsFullSync in small clusters). */
+  private servicesChainHasRules = false;
   private nodePortIPs: string[] = [];
   private everSynced = false;
   /** The last payload (tests, debugging). */
@@ -367,9 +369,27 @@ export class IptablesDataplane implements Dataplane {
       args: ["-w", "5", "-t", "mangle", "-S", KUBE_PROXY_CANARY],
       timeoutMs: 15_000,
     });
-    if (r.code === 0) return false;
-    this.log.info("iptables canary chain is gone (flushed externally?); next sync is full", {
-      stderr: r.stderr.trim(),
+    if (r.code !== 0) {
+      this.log.info("iptables canary chain is gone (flushed externally?); next sync is full", {
+        stderr: r.stderr.trim(),
+      });
+      this.needFull = true;
+      this.jumpsVerified = false;
+      return true;
+    }
+    // Beyond upstream: a flush of nat KUBE-SERVICES alone (`iptables -t nat -F KUBE-SERVICES`) leaves the
+    // canary in place, so upstream repairs it only at the next change or hourly resync. Listing one chain is
+    // cheap while the table is small; in large-cluster mode (where a listing costs seconds with the legacy
+    // backend) only the canary is checked, as upstream does.
+    if (this.largeCluster || !this.servicesChainHasRules) return false;
+    const svc = await this.runner.tryRun({
+      cmd: this.tools.iptables,
+      args: ["-w", "5", "-t", "nat", "-S", "KUBE-SERVICES"],
+      timeoutMs: 15_000,
+    });
+    if (svc.code === 0 && svc.stdout.includes("-A KUBE-SERVICES ")) return false;
+    this.log.info("nat KUBE-SERVICES was flushed or deleted externally; next sync is full", {
+      stderr: svc.stderr.trim(),
     });
     this.needFull = true;
     this.jumpsVerified = false;
@@ -553,6 +573,7 @@ export class IptablesDataplane implements Dataplane {
 
     // Success: remember what the kernel now has.
     this.commit(built);
+    this.servicesChainHasRules = built.servicesChainHasRules;
     this.needFull = false;
     this.everSynced = true;
     if (full) this.jumpsVerified = true;
@@ -729,6 +750,7 @@ export class IptablesDataplane implements Dataplane {
       filterRules: staticFilter + filterRules,
       natRulesWritten: staticNat + dispatchRules + chainRulesWritten,
       natRulesTotal: staticNat + dispatchRules + chainRulesAll,
+      servicesChainHasRules: dispatchRules > 0 || tail.includes("-A KUBE-SERVICES "),
     };
   }
 }
@@ -742,4 +764,6 @@ interface Built {
   filterRules: number;
   natRulesWritten: number;
   natRulesTotal: number;
+  /** nat KUBE-SERVICES holds at least one rule after this payload (dispatch or the nodeports tail). */
+  servicesChainHasRules: boolean;
 }

@@ -150,19 +150,37 @@ Deno.test("failed restore: logs the failing line, counts, rejects, next sync is 
   assert.equal(r.callsOf("iptables-save").length, 4, "jumps re-verified after a failure");
 });
 
+const SERVICES_LISTING = "-N KUBE-SERVICES\n-A KUBE-SERVICES -d 172.30.0.1/32 -p tcp -j KUBE-SVC-X\n";
+
 Deno.test("canary gone → needsFullSync true and the next sync is full", async () => {
   let gone = false;
-  const r = recorder((
-    c,
-  ) => (c.cmd === "iptables" && gone
-    ? { code: 1, stderr: "No chain/target/match by that name." }
-    : undefined)
-  );
+  const r = recorder((c) => {
+    if (c.cmd !== "iptables") return undefined;
+    if (gone) return { code: 1, stderr: "No chain/target/match by that name." };
+    return c.args.includes("KUBE-SERVICES") ? { stdout: SERVICES_LISTING } : undefined;
+  });
   const d = dp(r);
   await d.sync(snapshot([svcA()]));
   assert.equal(await d.needsFullSync(), false);
   assert.deepEqual(r.callsOf("iptables")[0].args, ["-w", "5", "-t", "mangle", "-S", "KUBE-PROXY-CANARY"]);
   gone = true;
+  assert.equal(await d.needsFullSync(), true);
+  const res = await d.sync(snapshot([svcA()], { changed: [] }));
+  assert.equal(res.full, true);
+});
+
+Deno.test("a flushed nat KUBE-SERVICES with the canary intact → needsFullSync true (small clusters)", async () => {
+  let flushed = false;
+  const r = recorder((c) =>
+    c.cmd === "iptables" && c.args.includes("KUBE-SERVICES")
+      ? { stdout: flushed ? "-N KUBE-SERVICES\n" : SERVICES_LISTING }
+      : undefined
+  );
+  const d = dp(r);
+  await d.sync(snapshot([svcA()]));
+  assert.equal(await d.needsFullSync(), false);
+  assert.deepEqual(r.callsOf("iptables").map((c) => c.args.at(-1)), ["KUBE-PROXY-CANARY", "KUBE-SERVICES"]);
+  flushed = true;
   assert.equal(await d.needsFullSync(), true);
   const res = await d.sync(snapshot([svcA()], { changed: [] }));
   assert.equal(res.full, true);
