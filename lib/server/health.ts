@@ -11,7 +11,7 @@ import type { Node } from "../kube/types.ts";
 import { type Clock, realClock } from "../proxy/clock.ts";
 import { nodeEligible } from "../proxy/node_manager.ts";
 import type { IPFamily } from "../proxy/types.ts";
-import { RetryingListener, splitHostPort } from "./listen.ts";
+import { type BindOptions, SingleListenerServer } from "./listen.ts";
 import { proxyHealthzTotal, proxyLivezTotal } from "./metrics.ts";
 
 /** Go's JSON encoding of a `time.Time` in UTC (RFC 3339 with trimmed fraction); ms 0 gives Go's zero time. */
@@ -47,58 +47,22 @@ export interface ProxyHealthUpdater {
 }
 
 /** Options of {@linkcode ProxyHealthServer}. */
-export interface ProxyHealthServerOptions {
-  /** `host:port`; port 0 picks a free port (tests). */
-  bindAddress: string;
+export interface ProxyHealthServerOptions extends BindOptions {
   /** 2 × syncPeriod. */
   healthTimeoutMs: number;
   /** The own Node (from the NodeManager); no getter means the node is always eligible. */
   getNode?: () => Node | undefined;
-  bindAddressHardFail?: boolean;
-  /** Called when binding fails and bindAddressHardFail is set. */
-  onFatal?: (err: Error) => void;
-  clock?: Clock;
 }
 
 /** Serves /healthz and /livez and keeps the per-family update times. */
-export class ProxyHealthServer implements ProxyHealthUpdater {
+export class ProxyHealthServer extends SingleListenerServer implements ProxyHealthUpdater {
   readonly #clock: Clock;
   readonly #lastUpdated = new Map<IPFamily, number>();
   readonly #oldestPendingQueued = new Map<IPFamily, number>();
-  readonly #listener: RetryingListener;
 
   constructor(private readonly opts: ProxyHealthServerOptions) {
+    super("healthz", opts);
     this.#clock = opts.clock ?? realClock;
-    const { hostname, port } = splitHostPort(opts.bindAddress);
-    this.#listener = new RetryingListener({
-      name: "healthz",
-      hostname,
-      port,
-      handler: (req) => this.handle(req),
-      hardFail: opts.bindAddressHardFail,
-      onFatal: opts.onFatal,
-      clock: opts.clock,
-    });
-  }
-
-  /** Starts listening (bind failures are retried every 5 s unless hard-fail). */
-  start(): void {
-    this.#listener.start();
-  }
-
-  /** Resolves once bound. */
-  get ready(): Promise<void> {
-    return this.#listener.ready;
-  }
-
-  /** The bound port, null when not bound. */
-  get port(): number | null {
-    return this.#listener.port;
-  }
-
-  /** Closes the listener. */
-  stop(): Promise<void> {
-    return this.#listener.stop();
   }
 
   updated(family: IPFamily): void {

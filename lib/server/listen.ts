@@ -130,3 +130,54 @@ export class RetryingListener {
     if (s) await s.shutdown();
   }
 }
+
+/** Bind settings shared by the health and metrics servers. */
+export interface BindOptions {
+  /** `host:port`; port 0 picks a free port (tests). */
+  bindAddress: string;
+  bindAddressHardFail?: boolean;
+  /** Called when binding fails and bindAddressHardFail is set. */
+  onFatal?: (err: Error) => void;
+  clock?: Clock;
+}
+
+/** A server on one {@linkcode RetryingListener}: the start/ready/port/stop every such server has. */
+export abstract class SingleListenerServer {
+  readonly #listener: RetryingListener;
+
+  protected constructor(name: string, opts: BindOptions) {
+    const { hostname, port } = splitHostPort(opts.bindAddress);
+    this.#listener = new RetryingListener({
+      name,
+      hostname,
+      port,
+      handler: (req) => this.handle(req),
+      hardFail: opts.bindAddressHardFail,
+      onFatal: opts.onFatal,
+      clock: opts.clock,
+    });
+  }
+
+  /** Handles one request (exposed for tests without sockets). */
+  abstract handle(req: Request): Response | Promise<Response>;
+
+  /** Starts listening (bind failures are retried every 5 s unless hard-fail). */
+  start(): void {
+    this.#listener.start();
+  }
+
+  /** Resolves once bound. */
+  get ready(): Promise<void> {
+    return this.#listener.ready;
+  }
+
+  /** The bound port, null when not bound. */
+  get port(): number | null {
+    return this.#listener.port;
+  }
+
+  /** Closes the listener. */
+  stop(): Promise<void> {
+    return this.#listener.stop();
+  }
+}
