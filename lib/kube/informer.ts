@@ -41,6 +41,17 @@ export function objectKey(obj: KubeObject): string {
   return m?.namespace ? `${m.namespace}/${m.name}` : `${m?.name}`;
 }
 
+/**
+ * Drops `metadata.managedFields` from a freshly decoded object (in place), as kube-proxy's informer
+ * transform does: server-side-apply bookkeeping, often larger than the rest of the object, which kube-proxy
+ * never reads.
+ */
+export function stripManagedFields<T extends KubeObject>(obj: T): T {
+  const m = obj.metadata as { managedFields?: unknown } | undefined;
+  if (m && m.managedFields !== undefined) delete m.managedFields;
+  return obj;
+}
+
 /** A cache of one resource kept in sync with the API server, with event handlers. */
 export class Informer<T extends KubeObject> implements ReflectorStore<T> {
   private readonly cache = new Map<string, T>();
@@ -154,6 +165,7 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
     const initial = !this.synced;
     const seen = new Set<string>();
     for (const obj of items) {
+      stripManagedFields(obj);
       const key = objectKey(obj);
       seen.add(key);
       const old = this.cache.get(key);
@@ -186,6 +198,7 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
 
   /** @internal */
   upsert(obj: T): void {
+    stripManagedFields(obj);
     const key = objectKey(obj);
     const old = this.cache.get(key);
     this.cache.set(key, obj);
@@ -195,6 +208,7 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
 
   /** @internal */
   remove(obj: T): void {
+    stripManagedFields(obj);
     const key = objectKey(obj);
     const old = this.cache.get(key);
     this.cache.delete(key);

@@ -366,3 +366,32 @@ Deno.test("informer: 5xx and 429 back off and retry; stop() ends the loop", asyn
   await inf.stop();
   await waitFor(() => sim.openWatches() === 0, "watch closed by stop");
 });
+
+Deno.test("informer: metadata.managedFields is dropped on ingest (list and watch), as kube-proxy's transform", async () => {
+  await using env = await setup();
+  const { sim, client } = env;
+  const withMF = (s: Service): Service => ({
+    ...s,
+    metadata: {
+      ...s.metadata,
+      managedFields: [{ manager: "kubectl", operation: "Apply" }],
+    } as Service["metadata"],
+  });
+  sim.upsert("services", withMF(svc("ns", "a")));
+  const inf = newServiceInformer(client, FAST);
+  const seen: Service[] = [];
+  inf.addEventHandler({ onAdd: (o) => seen.push(o), onUpdate: (_old, o) => seen.push(o) });
+  inf.start();
+  try {
+    await inf.waitForSync();
+    await waitFor(() => sim.openWatches() === 1, "watch");
+    sim.upsert("services", withMF(svc("ns", "b", "10.96.0.2")));
+    await waitFor(() => seen.length === 2, "2 events");
+    for (const o of [...seen, ...inf.list()]) {
+      assert.equal("managedFields" in (o.metadata ?? {}), false, `${o.metadata?.name} kept managedFields`);
+      assert.ok(o.spec?.clusterIP, "spec kept");
+    }
+  } finally {
+    await inf.stop();
+  }
+});

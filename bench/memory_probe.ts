@@ -1,0 +1,152 @@
+/**
+ * In-process heap composition at N Services × M endpoints (no kernel, no API server): raw objects as the
+ * informer caches hold them, the Proxier's model and trackers, the iptables dataplane's block caches and
+ * payload buffer, then partial syncs of one-endpoint changes.
+ * Run: `deno run -A --v8-flags=--expose-gc bench/memory_probe.ts [services] [endpoints]`
+ */
+import type { CommandResult, CommandRunner, CommandSpec } from "../lib/exec.ts";
+import { IptablesDataplane } from "../lib/iptables/dataplane.ts";
+import { type Informer, newEndpointSliceInformer, newServiceInformer } from "../lib/kube/informer.ts";
+import type { EndpointSlice, KubeObject, Service } from "../lib/kube/types.ts";
+import { configureLogging } from "../lib/log.ts";
+import { Proxier } from "../lib/proxy/proxier.ts";
+import type { Dataplane, ProxySnapshot, SyncResult } from "../lib/proxy/types.ts";
+import { IpPool, makeNode, makeService, makeSlice } from "../scripts/scale_objects.ts";
+import type { KubeClient } from "../lib/kube/client.ts";
+
+configureLogging({ sink: () => {} });
+const N = Number(Deno.args[0] ?? 10_000);
+const M = Number(Deno.args[1] ?? 10);
+const gc = (globalThis as { gc?: () => void }).gc;
+if (!gc) throw new Error("run with --v8-flags=--expose-gc");
+
+function heap(): number {
+  for (let i = 0; i < 3; i++) gc!();
+  return Deno.memoryUsage().heapUsed;
+}
+const mib = (n: number) => (n / 1048576).toFixed(1).padStart(7);
+let last = heap();
+const base = last;
+function step(label: string): void {
+  const h = heap();
+  const m = Deno.memoryUsage();
+  console.log(
+    `${label.padEnd(52)} heap ${mib(h)} MiB (+${mib(h - last)})  external ${mib(m.external)}  rss ${
+      mib(m.rss)
+    }`,
+  );
+  last = h;
+}
+
+class NullRunner implements CommandRunner {
+  tryRun(_spec: CommandSpec): Promise<CommandResult> {
+    return Promise.resolve({ code: 0, stdout: "", stderr: "" });
+  }
+  run(spec: CommandSpec): Promise<CommandResult> {
+    return this.tryRun(spec);
+  }
+}
+
+/** Times the dataplane's sync and resolves waiters after each. */
+class Timed implements Dataplane {
+  readonly family = "IPv4" as const;
+  waiter: ((r: SyncResult) => void) | null = null;
+  constructor(readonly inner: IptablesDataplane) {}
+  async sync(s: ProxySnapshot): Promise<SyncResult> {
+    const r = Deno.env.get("NULL_DATAPLANE")
+      ? { full: s.changedServices === null, payloadBytes: 0, generateMs: 0, applyMs: 0 }
+      : await this.inner.sync(s);
+    this.waiter?.(r);
+    this.waiter = null;
+    return r;
+  }
+  next(): Promise<SyncResult> {
+    return new Promise((r) => this.waiter = r);
+  }
+}
+
+// Objects as the simulator serves them (uid, resourceVersion, creationTimestamp), parsed from JSON.
+let rv = 1;
+const withMeta = (o: KubeObject): KubeObject => {
+  const m = o.metadata as Record<string, unknown>;
+  m.uid = `00000000-0000-4000-8000-${String(rv).padStart(12, "0")}`;
+  m.resourceVersion = String(rv++);
+  m.creationTimestamp = "2026-12-02T10:00:00Z";
+  return o;
+};
+const pool = new IpPool();
+const ips: string[][] = [];
+const svcJson: string[] = [];
+const sliceJson: string[] = [];
+for (let i = 0; i < N; i++) {
+  ips.push(Array.from({ length: M }, () => pool.take()));
+  svcJson.push(JSON.stringify(withMeta(makeService(i))));
+  sliceJson.push(JSON.stringify(withMeta(makeSlice(i, ips[i], null))));
+}
+step("baseline (+ JSON text of the objects)");
+
+const client = {} as KubeClient;
+const svcInf = newServiceInformer(client) as Informer<Service>;
+const epInf = newEndpointSliceInformer(client) as Informer<EndpointSlice>;
+const dp = new Timed(
+  new IptablesDataplane({ family: "IPv4", runner: new NullRunner(), backend: "legacy", nodeAddresses: [] }),
+);
+const proxier = new Proxier({
+  families: new Map([["IPv4", dp]]),
+  nodeName: "node1",
+  minSyncPeriodMs: 0,
+  syncPeriodMs: 30_000,
+});
+proxier.onNodeAdd(makeNode("node1", "10.250.0.2") as never);
+
+svcInf.replace(svcJson.map((s) => JSON.parse(s)), "1");
+epInf.replace(sliceJson.map((s) => JSON.parse(s)), "1");
+step("informer caches (raw objects)");
+
+svcInf.addEventHandler({
+  onAdd: (o) => proxier.onServiceAdd(o),
+  onUpdate: (a, b) => proxier.onServiceUpdate(a, b),
+  onDelete: (o) => proxier.onServiceDelete(o),
+});
+epInf.addEventHandler({
+  onAdd: (o) => proxier.onEndpointSliceAdd(o),
+  onUpdate: (a, b) => proxier.onEndpointSliceUpdate(a, b),
+  onDelete: (o) => proxier.onEndpointSliceDelete(o),
+});
+step("proxier trackers (pending changes, slice cache)");
+
+proxier.start();
+let synced = dp.next();
+proxier.onServicesSynced();
+proxier.onEndpointSlicesSynced();
+let r = await synced;
+step(`first full sync (${mib(r.payloadBytes)} MiB payload, gen ${r.generateMs.toFixed(0)} ms)`);
+
+// Partial syncs: K changed Services each, one endpoint replaced.
+const K = Number(Deno.args[2] ?? 80);
+const gens: number[] = [];
+const totals: number[] = [];
+let t = Date.now();
+for (let round = 0; round < 15; round++) {
+  for (let k = 0; k < K; k++) {
+    const i = Math.floor(Math.random() * N);
+    ips[i][Math.floor(Math.random() * M)] = pool.take();
+    const obj = withMeta(makeSlice(i, ips[i], t++));
+    (obj.metadata as Record<string, unknown>).uid = epInf.get(`scale/svc-${i}-abcde`)!.metadata!.uid;
+    epInf.upsert(JSON.parse(JSON.stringify(obj)));
+  }
+  synced = dp.next();
+  const t0 = performance.now();
+  proxier.sync();
+  r = await synced;
+  totals.push(performance.now() - t0);
+  gens.push(r.generateMs);
+}
+const med = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
+step(`after 15 partial syncs (${K} svc each)`);
+console.log(
+  `partial: ${mib(r.payloadBytes)} MiB; sync() → dataplane done median ${med(totals).toFixed(1)} ms, ` +
+    `dataplane generate median ${med(gens).toFixed(1)} ms`,
+);
+console.log(`total above baseline: ${mib(last - base)} MiB`);
+await proxier.stop();
