@@ -38,34 +38,36 @@ interface SliceEndpoint {
   nodeHints: string[] | null;
 }
 
+/**
+ * A parsed slice. Its endpoints are kept only as the {@linkcode EndpointInfo}s of each port (sorted by IP),
+ * built once per slice version and shared by every merge, so that the merged lists of unchanged endpoints are
+ * the same objects from one checkout to the next and the endpoint data is held once.
+ */
 interface SliceInfo {
   ports: SlicePort[];
-  endpoints: SliceEndpoint[];
-}
-
-function sameStrings(a: readonly string[] | null, b: readonly string[] | null): boolean {
-  if (a === null || b === null) return a === b;
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
+  /** One list per port (index as `ports`); a slice without usable ports keeps one list for port 0. */
+  byPort: EndpointInfo[][];
 }
 
 /**
  * Field-wise equality of two parsed slices, for no-op detection (upstream's reflect.DeepEqual). Compared
- * instead of keeping a canonical text per slice, which cost about 1.3 KiB per 10-endpoint slice.
+ * instead of keeping a canonical text per slice, which cost about 1.3 KiB per 10-endpoint slice. Every
+ * port's list is derived from the same endpoints, so equal ports and equal first lists mean equal slices.
  */
 function sameSliceInfo(a: SliceInfo, b: SliceInfo): boolean {
-  if (a.ports.length !== b.ports.length || a.endpoints.length !== b.endpoints.length) return false;
+  if (a.ports.length !== b.ports.length) return false;
   for (let i = 0; i < a.ports.length; i++) {
     const x = a.ports[i], y = b.ports[i];
     if (x.name !== y.name || x.port !== y.port || x.protocol !== y.protocol) return false;
   }
-  for (let i = 0; i < a.endpoints.length; i++) {
-    const x = a.endpoints[i], y = b.endpoints[i];
+  const p = a.byPort[0], q = b.byPort[0];
+  if (p.length !== q.length) return false;
+  for (let i = 0; i < p.length; i++) {
+    const x = p[i], y = q[i];
     if (
       x.ip !== y.ip || x.nodeName !== y.nodeName || x.zone !== y.zone || x.ready !== y.ready ||
-      x.serving !== y.serving || x.terminating !== y.terminating || !sameStrings(x.zoneHints, y.zoneHints) ||
-      !sameStrings(x.nodeHints, y.nodeHints)
+      x.serving !== y.serving || x.terminating !== y.terminating || !setEq(x.zoneHints, y.zoneHints) ||
+      !setEq(x.nodeHints, y.nodeHints)
     ) return false;
   }
   return true;
@@ -141,17 +143,17 @@ export class EndpointSliceCache {
     const sets = new Map<string, Map<string, EndpointInfo>>();
     for (const sliceName of names) {
       const info = bySlice.get(sliceName)!;
-      for (const port of info.ports) {
+      for (let j = 0; j < info.ports.length; j++) {
+        const port = info.ports[j];
         const key = portKey(port.name, port.protocol);
         let set = sets.get(key);
         if (!set) sets.set(key, set = new Map());
-        for (const e of info.endpoints) {
-          const endpoint = joinHostPort(e.ip, port.port);
-          const existing = set.get(endpoint);
+        for (const e of info.byPort[j]) {
+          const existing = set.get(e.endpoint);
           // Duplicates across slices happen while an endpoint moves between slices: a non-terminating
           // copy wins over a terminating one; otherwise the first one (in slice-name order) stays.
           if (existing && !(existing.terminating && !e.terminating)) continue;
-          set.set(endpoint, this.#endpointInfo(e, port.port, endpoint));
+          set.set(e.endpoint, e);
         }
       }
     }
@@ -164,7 +166,8 @@ export class EndpointSliceCache {
     return out;
   }
 
-  #endpointInfo(e: SliceEndpoint, port: number, endpoint: string): EndpointInfo {
+  #endpointInfo(e: SliceEndpoint, port: number): EndpointInfo {
+    const endpoint = joinHostPort(e.ip, port);
     return {
       ip: e.ip,
       port,
@@ -223,7 +226,10 @@ export class EndpointSliceCache {
       });
     }
     endpoints.sort((a, b) => (a.ip < b.ip ? -1 : a.ip > b.ip ? 1 : 0));
-    return { ports, endpoints };
+    const byPort = ports.length === 0
+      ? [endpoints.map((e) => this.#endpointInfo(e, 0))]
+      : ports.map((p) => endpoints.map((e) => this.#endpointInfo(e, p.port)));
+    return { ports, byPort };
   }
 }
 
@@ -233,6 +239,7 @@ export function endpointListsEqual(a: readonly EndpointInfo[], b: readonly Endpo
   for (let i = 0; i < a.length; i++) {
     const x = a[i];
     const y = b[i];
+    if (x === y) continue; // shared across checkouts while the slice is unchanged
     if (
       x.endpoint !== y.endpoint || x.isLocal !== y.isLocal || x.ready !== y.ready ||
       x.serving !== y.serving ||
