@@ -2,7 +2,9 @@
  * iptables chain names for service ports and endpoints, exactly as upstream kube-proxy computes them:
  * prefix + the first 16 characters of base32(sha256(servicePortName + protocol [+ endpoint])).
  *
- * Every name is hashed once and cached; the caches are bounded.
+ * Service-port names are cached (bounded); endpoint names are not: a rendered block keeps its endpoint chain
+ * names and lends them to the port's next render (rules.ts), so a process-wide endpoint cache, which grew
+ * with every endpoint ever seen (12.6 MiB at 10k Services × 10 endpoints), is not needed.
  * @module
  */
 
@@ -50,7 +52,6 @@ export interface ServicePortChains {
 
 const MAX_CACHE = 500_000;
 const portCache = new Map<string, ServicePortChains>();
-const sepCache = new Map<string, string>();
 
 /**
  * KUBE-SVC/SVL/EXT/FW names of a service port (`servicePortNameString`, lowercase protocol).
@@ -70,14 +71,7 @@ export function servicePortChains(spnString: string, protocol: string): ServiceP
 
 /** KUBE-SEP name of one endpoint (`ip:port` / `[ip]:port`) of a service port. */
 export function endpointChainName(spnString: string, protocol: string, endpoint: string): string {
-  const key = spnString + protocol + endpoint;
-  let c = sepCache.get(key);
-  if (c === undefined) {
-    c = SEP_PREFIX + hash16(key);
-    if (sepCache.size >= MAX_CACHE) sepCache.clear();
-    sepCache.set(key, c);
-  }
-  return c;
+  return SEP_PREFIX + hash16(spnString + protocol + endpoint);
 }
 
 /** True for the per-service chains kube-proxy owns (SVC, SVL, EXT, FW, SEP): upstream `isServiceChainName`. */

@@ -635,7 +635,7 @@ export class IptablesDataplane implements Dataplane {
       if (b === undefined || b.state !== st) {
         if (b !== undefined && sameRenderedState(b.state, st)) b.state = st;
         else {
-          const nb = renderServicePort(st, cfg, largeCluster);
+          const nb = renderServicePort(st, cfg, largeCluster, b);
           if (b !== undefined) {
             // Keep the old dispatch/filter views when their bytes did not change (an endpoint change), so
             // that the cached section concatenations stay valid.

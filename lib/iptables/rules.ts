@@ -127,17 +127,52 @@ function ipOnly(ep: EndpointInfo): string {
   return ep.ip;
 }
 
-/** Renders one service port exactly as upstream's per-service loop body. */
+/**
+ * The KUBE-SEP chain names of a port's reachable endpoints, reusing the names of `prev` (the same port's
+ * previous block, rendered with the same settings) for endpoints it already had, so that a re-render only
+ * hashes new endpoints without a process-wide name cache. A block's SEP chains are its last chains, one per
+ * `state.selection.allReachableEndpoints` entry in that (endpoint-sorted) order.
+ */
+function sepNames(
+  eps: readonly EndpointInfo[],
+  name: string,
+  proto: string,
+  prev: ServicePortBlock | undefined,
+): Map<string, string> {
+  const out = new Map<string, string>();
+  const old = prev !== undefined && prev.state.info.nameString === name &&
+      prev.state.info.protocol.toLowerCase() === proto
+    ? prev.state.selection.allReachableEndpoints
+    : [];
+  const base = prev !== undefined ? prev.chains.length - old.length : 0;
+  let j = 0;
+  for (const ep of eps) {
+    const e = ep.endpoint;
+    while (j < old.length && old[j].endpoint < e) j++;
+    out.set(
+      e,
+      j < old.length && old[j].endpoint === e ? prev!.chains[base + j] : endpointChainName(name, proto, e),
+    );
+  }
+  return out;
+}
+
+/**
+ * Renders one service port exactly as upstream's per-service loop body. `prev`, the port's previous block
+ * rendered with the same settings, only lends its endpoint chain names.
+ */
 export function renderServicePort(
   st: ServicePortState,
   cfg: RenderConfig,
   largeCluster: boolean,
+  prev?: ServicePortBlock,
 ): ServicePortBlock {
   const info = st.info;
   const sel = st.selection;
   const proto = info.protocol.toLowerCase();
   const name = info.nameString;
   const ch = servicePortChains(name, proto);
+  const seps = sepNames(sel.allReachableEndpoints, name, proto, prev);
   const pp = `-m ${proto} -p ${proto}`;
   const port = String(info.port);
 
@@ -309,7 +344,7 @@ export function renderServicePort(
   const writeLB = (chain: string, eps: readonly EndpointInfo[]) => {
     if (affinity) {
       for (const ep of eps) {
-        const sep = endpointChainName(name, proto, ep.endpoint);
+        const sep = seps.get(ep.endpoint)!;
         const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${ep.endpoint}"`;
         rules +=
           `-A ${chain}${c} -m recent --name ${sep} --rcheck --seconds ${info.stickyMaxAgeSeconds} --reap -j ${sep}\n`;
@@ -319,7 +354,7 @@ export function renderServicePort(
     const n = eps.length;
     for (let i = 0; i < n; i++) {
       const ep = eps[i];
-      const sep = endpointChainName(name, proto, ep.endpoint);
+      const sep = seps.get(ep.endpoint)!;
       const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${ep.endpoint}"`;
       const p = i < n - 1 ? ` -m statistic --mode random --probability ${probability(n - i)}` : "";
       rules += `-A ${chain}${c}${p} -j ${sep}\n`;
@@ -341,7 +376,7 @@ export function renderServicePort(
   const sepComment = largeCluster ? "" : ` -m comment --comment ${name}`;
   const recent = affinity ? " -m recent --name " : "";
   for (const ep of sel.allReachableEndpoints) {
-    const sep = endpointChainName(name, proto, ep.endpoint);
+    const sep = seps.get(ep.endpoint)!;
     lines += `:${sep} - [0:0]\n`;
     chains.push(sep);
     rules += `-A ${sep}${sepComment} -s ${ipOnly(ep)} -j KUBE-MARK-MASQ\n`;

@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import type { CommandResult, CommandRunner, CommandSpec } from "../../lib/exec.ts";
 import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
 import { detectLocalByCIDR } from "../../lib/iptables/local_detector.ts";
+import { renderServicePort, type ServicePortBlock } from "../../lib/iptables/rules.ts";
 import { configureLogging } from "../../lib/log.ts";
 import type { ServicePortState } from "../../lib/proxy/types.ts";
 import { type EpSpec, makeState, recorder, restores, snapshot, type SvcSpec } from "./fixtures.ts";
@@ -223,4 +224,38 @@ Deno.test("a port removed in a failed sync has its chains deleted by the next (f
   await fresh.sync(snapshot([]));
   assert.deepEqual(model, declaredServiceChains(fresh.buildPayload(snapshot([a]), true).text));
   assert.equal(p.match(/^-X /gm)?.length, 2); // SVC and SEP of b
+});
+
+Deno.test("renderServicePort with the previous block (endpoint chain names lent) equals a fresh render", () => {
+  const cfg = {
+    family: "IPv4" as const,
+    mark: "0x00004000",
+    masqueradeAll: false,
+    localDetector: detectLocalByCIDR("10.0.0.0/8"),
+    localhostNodePorts: true,
+    nodeIP: "192.168.0.2",
+  };
+  const base: SvcSpec = { ns: "ns", name: "s", clusterIP: "172.30.0.9", nodePort: 30009 };
+  const steps: [SvcSpec, EpSpec[]][] = [
+    [base, [{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }, { ip: "10.1.0.3", local: true }]],
+    [base, [{ ip: "10.1.0.2" }, { ip: "10.1.0.4" }, { ip: "10.1.0.3", local: true }]],
+    [{ ...base, affinity: 10800 }, [{ ip: "10.1.0.0" }, { ip: "10.1.0.4" }, { ip: "10.1.0.9", local: true }]],
+    [{ ...base, eTPLocal: true }, [{ ip: "10.1.0.4" }, { ip: "10.1.0.9", local: true }, { ip: "10.1.1.1" }]],
+    [{ ...base, protocol: "UDP" }, [{ ip: "10.1.0.4" }, { ip: "10.1.1.1" }]],
+    [base, []],
+    [base, [{ ip: "10.1.0.4", ready: false, serving: true, terminating: true }, { ip: "10.1.2.2" }]],
+  ];
+  for (const large of [false, true]) {
+    let prev: ServicePortBlock | undefined;
+    for (const [spec, eps] of steps) {
+      const st = makeState(spec, eps);
+      const lent = renderServicePort(st, cfg, large, prev);
+      const fresh = renderServicePort(st, cfg, large);
+      assert.deepEqual(lent.chains, fresh.chains);
+      assert.deepEqual(lent.chainLines, fresh.chainLines);
+      assert.deepEqual(lent.chainRules, fresh.chainRules);
+      assert.deepEqual(lent.dispatch, fresh.dispatch);
+      prev = lent;
+    }
+  }
 });
