@@ -9,7 +9,7 @@ import { cleanupLeftovers } from "./cleanup.ts";
 import { applyOOMScoreAdj, setupConntrack } from "./conntrack/sysctls.ts";
 import { cleanStaleUDPConntrack } from "./conntrack/cleanup.ts";
 import { type CommandRunner, DenoCommandRunner } from "./exec.ts";
-import { detectIptablesBackend } from "./iptables/backend.ts";
+import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "./iptables/backend.ts";
 import { IptablesDataplane } from "./iptables/dataplane.ts";
 import { type DetectLocalMode, newLocalDetector } from "./iptables/local_detector.ts";
 import {
@@ -76,11 +76,11 @@ export async function platformInit(opts: ProxyOptions, runner: CommandRunner): P
   });
 }
 
-async function detectFamilies(runner: CommandRunner, primary: IPFamily, restoreOf: (f: IPFamily) => string) {
+/** Upstream runs dual-stack when the other family's iptables works; `-S POSTROUTING` of its nat table proves it. */
+async function detectFamilies(runner: CommandRunner, primary: IPFamily, backend: IptablesBackend) {
   const families: IPFamily[] = [primary];
   const secondary: IPFamily = primary === "IPv4" ? "IPv6" : "IPv4";
-  // Upstream runs dual-stack when the other family's iptables works; an `-S` of the nat table proves it.
-  const probe = restoreOf(secondary).replace(/-restore$/, "");
+  const probe = iptablesTools(backend, secondary).iptables;
   const r = await runner.tryRun({ cmd: probe, args: ["-w", "5", "-t", "nat", "-S", "POSTROUTING"] }).catch(
     () => ({ code: 127, stderr: "not found", stdout: "" }),
   );
@@ -178,8 +178,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   const primaryIP = nodeManager.nodeIPs[0] ?? "127.0.0.1";
   const primary = familyOf(cfg.bindAddress && cfg.bindAddress !== "0.0.0.0" ? cfg.bindAddress : primaryIP);
   const backend = await detectIptablesBackend(runner); // logs its choice and why
-  const restoreOf = (f: IPFamily) => `${f === "IPv6" ? "ip6tables" : "iptables"}-${backend.backend}-restore`;
-  const families = await detectFamilies(runner, primary, restoreOf);
+  const families = await detectFamilies(runner, primary, backend.backend);
 
   const dataplanes = new Map<IPFamily, Dataplane>();
   for (const family of families) {
