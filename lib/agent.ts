@@ -106,12 +106,10 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   }
   log.info("Using iptables Proxier");
   if (opts.nodePortAddresses.length === 0) {
-    log.info(
+    log.error(
       "Kube-proxy configuration may be incomplete or incorrect",
-      {
-        err:
-          "nodePortAddresses is unset; NodePort connections will be accepted on all local IPs. Consider using `--nodeport-addresses primary`",
-      },
+      "nodePortAddresses is unset; NodePort connections will be accepted on all local IPs. " +
+        "Consider using `--nodeport-addresses primary`",
     );
   }
 
