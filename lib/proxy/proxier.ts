@@ -335,6 +335,13 @@ export class Proxier {
     const changedServices = f.services.apply();
     const ep = f.endpoints.checkout();
     for (const k of ep.changedServices) changedServices.add(k);
+    if (!full && !selectionStale && changedServices.size === 0) {
+      // Nothing of this family changed (e.g. an IPv4-only slice update in a dual-stack agent): the kernel
+      // already holds exactly what a partial sync would write, so skip the restore and its latency.
+      this.opts.healthServer?.updated(f.family);
+      log.v(4).info("No changes for this IP family; skipping its sync", { ipFamily: f.family });
+      return;
+    }
     // The trackers are drained now: if this sync fails, the next one must be full.
     f.needFullSync = true;
 

@@ -210,3 +210,40 @@ Deno.test("Proxier builds one snapshot per family from dual-stack Services and s
   assert.deepEqual(v6.endpoints.map((e) => e.endpoint), ["[fd00:10::1]:80"]);
   await proxier.stop();
 });
+
+Deno.test("Proxier skips the dataplane of a family with no changes, and keeps it healthy", async () => {
+  const { clock, dps, proxier, health } = setup(["IPv4", "IPv6"]);
+  proxier.onServiceAdd(service("ns", "ds", { clusterIPs: ["172.30.1.1", "fd00::1"] }));
+  proxier.onEndpointSliceAdd(slice("ns", "ds", "v4", [{ addresses: ["10.0.0.1"] }]));
+  proxier.onEndpointSliceAdd(
+    slice("ns", "ds", "v6", [{ addresses: ["fd00:10::1"] }], { addressType: "IPv6" }),
+  );
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  const v4 = dps.get("IPv4")!, v6 = dps.get("IPv6")!;
+  assert.equal(v4.snapshots.length, 1);
+  assert.equal(v6.snapshots.length, 1);
+  health.length = 0;
+
+  // An IPv4-only endpoint change: only the IPv4 dataplane syncs.
+  proxier.onEndpointSliceUpdate(null, slice("ns", "ds", "v4", [{ addresses: ["10.0.0.2"] }]));
+  await clock.advance(1000);
+  assert.equal(v4.snapshots.length, 2);
+  assert.deepEqual([...v4.last.changedServices!], ["ns/ds"]);
+  assert.equal(v6.snapshots.length, 1, "IPv6 had nothing to write");
+  assert.ok(health.includes("updated IPv6"), "the skipped family still reports a fresh sync");
+
+  // A change of the IPv6 slice reaches the IPv6 dataplane.
+  proxier.onEndpointSliceUpdate(
+    null,
+    slice("ns", "ds", "v6", [{ addresses: ["fd00:10::2"] }], { addressType: "IPv6" }),
+  );
+  await clock.advance(1000);
+  assert.equal(v6.snapshots.length, 2);
+  assert.deepEqual(v6.last.servicePorts.get("ns/ds:p80")!.endpoints.map((e) => e.endpoint), [
+    "[fd00:10::2]:80",
+  ]);
+  await proxier.stop();
+});
