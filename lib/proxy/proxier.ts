@@ -448,7 +448,8 @@ export class Proxier {
     let internal = 0;
     let external = 0;
     for (const { info, selection } of snapshot.servicePorts.values()) {
-      const noLocal = (selection.localEndpoints?.length ?? 0) === 0;
+      // As upstream: counted only when the service has usable endpoints on some node (else it is REJECTed).
+      const noLocal = selection.hasAnyEndpoints && (selection.localEndpoints?.length ?? 0) === 0;
       if (info.internalPolicyLocal && noLocal) internal++;
       if (info.externalPolicyLocal && noLocal) external++;
     }

@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import { configureLogging } from "../../lib/log.ts";
 import { FakeClock } from "../../lib/proxy/clock.ts";
 import { Proxier } from "../../lib/proxy/proxier.ts";
+import { metricsText } from "../../lib/server/metrics.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, SyncResult } from "../../lib/proxy/types.ts";
 import type { Node } from "../../lib/kube/types.ts";
 import { service, slice } from "./helpers.ts";
@@ -245,5 +246,39 @@ Deno.test("Proxier skips the dataplane of a family with no changes, and keeps it
   assert.deepEqual(v6.last.servicePorts.get("ns/ds:p80")!.endpoints.map((e) => e.endpoint), [
     "[fd00:10::2]:80",
   ]);
+  await proxier.stop();
+});
+
+Deno.test("no_local_endpoints gauge counts Local-policy services that have endpoints, none of them local", async () => {
+  const { clock, proxier } = setup();
+  // remote-only: endpoints exist on another node only -> counted (its traffic is dropped here).
+  proxier.onServiceAdd(
+    service("ns", "remote-only", { clusterIPs: ["172.30.1.1"], internalTrafficPolicy: "Local" }),
+  );
+  proxier.onEndpointSliceAdd(
+    slice("ns", "remote-only", "a", [{ addresses: ["10.0.0.1"], nodeName: "host2" }]),
+  );
+  // no endpoints at all -> REJECTed, not counted, as upstream.
+  proxier.onServiceAdd(
+    service("ns", "empty", { clusterIPs: ["172.30.1.2"], internalTrafficPolicy: "Local" }),
+  );
+  // a local endpoint -> not counted.
+  proxier.onServiceAdd(
+    service("ns", "local", { clusterIPs: ["172.30.1.3"], internalTrafficPolicy: "Local" }),
+  );
+  proxier.onEndpointSliceAdd(slice("ns", "local", "b", [{ addresses: ["10.0.0.2"], nodeName: "host1" }]));
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  const text = await metricsText();
+  assert.match(
+    text,
+    /^kubeproxy_sync_proxy_rules_no_local_endpoints_total\{ip_family="IPv4",traffic_policy="internal"\} 1$/m,
+  );
+  assert.match(
+    text,
+    /^kubeproxy_sync_proxy_rules_no_local_endpoints_total\{ip_family="IPv4",traffic_policy="external"\} 0$/m,
+  );
   await proxier.stop();
 });
