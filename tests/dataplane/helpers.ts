@@ -29,6 +29,12 @@ export interface ServiceSpecLite {
   eTPLocal?: boolean;
   iTPLocal?: boolean;
   healthCheckNodePort?: number;
+  /** Every cluster IP, primary first (dual stack); default `[clusterIP]`. */
+  clusterIPs?: string[];
+  /** Default `["IPv4"]`. */
+  ipFamilies?: ("IPv4" | "IPv6")[];
+  /** Default `SingleStack`. */
+  ipFamilyPolicy?: "SingleStack" | "PreferDualStack" | "RequireDualStack";
 }
 
 /** A v1 Service in namespace {@linkcode NS}. */
@@ -48,9 +54,9 @@ export function service(s: ServiceSpecLite): Service {
     spec: {
       type,
       clusterIP: s.clusterIP,
-      clusterIPs: [s.clusterIP],
-      ipFamilies: ["IPv4"],
-      ipFamilyPolicy: "SingleStack",
+      clusterIPs: s.clusterIPs ?? [s.clusterIP],
+      ipFamilies: s.ipFamilies ?? ["IPv4"],
+      ipFamilyPolicy: s.ipFamilyPolicy ?? "SingleStack",
       ports,
       selector: { app: s.name },
       externalIPs: s.externalIPs,
@@ -75,21 +81,33 @@ export interface EndpointLite {
   terminating?: boolean;
 }
 
-/** The EndpointSlice `<service>-1` of a Service whose ports are `ports` (same names as {@linkcode service}). */
+/** Options of {@linkcode endpointSlice} beyond the endpoints and ports. */
+export interface EndpointSliceOptions {
+  /** Default `IPv4`. */
+  addressType?: "IPv4" | "IPv6";
+  /** The slice's name; default `<service>-1`. */
+  name?: string;
+}
+
+/**
+ * The EndpointSlice `<service>-1` (or `opts.name`) of a Service whose ports are `ports` (same names as
+ * {@linkcode service}).
+ */
 export function endpointSlice(
   svc: string,
   eps: EndpointLite[],
   ports: PortSpec[] = [{ port: 80 }],
+  opts: EndpointSliceOptions = {},
 ): EndpointSlice {
   return {
     apiVersion: "discovery.k8s.io/v1",
     kind: "EndpointSlice",
     metadata: {
       namespace: NS,
-      name: `${svc}-1`,
+      name: opts.name ?? `${svc}-1`,
       labels: { "kubernetes.io/service-name": svc, "endpointslice.kubernetes.io/managed-by": "dp-test" },
     },
-    addressType: "IPv4",
+    addressType: opts.addressType ?? "IPv4",
     endpoints: eps.map((e) => ({
       addresses: [e.ip],
       nodeName: e.node,
@@ -111,6 +129,22 @@ export function nodeObject(name: string, ip: string, podCIDR: string): Node {
     metadata: { name, labels: { "kubernetes.io/hostname": name } },
     spec: { podCIDR, podCIDRs: [podCIDR] },
     status: { addresses: [{ type: "InternalIP", address: ip }, { type: "Hostname", address: name }] },
+  };
+}
+
+/** A dual-stack Node: one InternalIP and one pod CIDR per family, primary family first. */
+export function dualStackNodeObject(name: string, ips: string[], podCIDRs: string[]): Node {
+  return {
+    apiVersion: "v1",
+    kind: "Node",
+    metadata: { name, labels: { "kubernetes.io/hostname": name } },
+    spec: { podCIDR: podCIDRs[0], podCIDRs },
+    status: {
+      addresses: [
+        ...ips.map((address) => ({ type: "InternalIP", address })),
+        { type: "Hostname", address: name },
+      ],
+    },
   };
 }
 

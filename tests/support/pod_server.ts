@@ -10,7 +10,8 @@
  * - TCP: on accept it writes one line `<name> <peer-ip>:<peer-port>\n`; every line the client sends
  *   afterwards is answered with the same line again (so a held connection can be checked later).
  * - UDP: every datagram is answered with `<name> <peer-ip>:<peer-port>\n`.
- * - `--bind ADDR` (default 0.0.0.0) chooses the listen address.
+ * - `--bind ADDR` (default 0.0.0.0) chooses the listen address; `--bind ::` serves IPv6 and IPv4 (peers of
+ *   the latter then show as `::ffff:a.b.c.d`).
  * - Once every socket listens it prints `ready` on stdout; it runs until killed.
  * @module
  */
@@ -96,7 +97,8 @@ async function serveTcp(listener: Deno.TcpListener, name: string): Promise<void>
 }
 
 function serveUdp(bind: string, port: number, name: string): Promise<void> {
-  const sock = dgram.createSocket("udp4");
+  // An IPv6 bind address (e.g. `::`, which also takes IPv4 unless net.ipv6.bindv6only=1) needs a udp6 socket.
+  const sock = dgram.createSocket(bind.includes(":") ? "udp6" : "udp4");
   sock.on("message", (_msg, rinfo) => {
     sock.send(`${name} ${rinfo.address}:${rinfo.port}\n`, rinfo.port, rinfo.address);
   });

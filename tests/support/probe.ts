@@ -153,7 +153,9 @@ function sendOnHeld(req: ProbeRequest): Promise<ProbeResult> {
 
 function udpProbe(req: ProbeRequest): Promise<ProbeResult> {
   return new Promise((resolve) => {
-    const sock = dgram.createSocket("udp4");
+    // An IPv6 destination needs an IPv6 socket (the IPv4 default is unchanged).
+    const v6 = req.host!.includes(":");
+    const sock = dgram.createSocket(v6 ? "udp6" : "udp4");
     let done = false;
     const finish = (r: ProbeResult) => {
       if (done) return;
@@ -167,7 +169,7 @@ function udpProbe(req: ProbeRequest): Promise<ProbeResult> {
     const timer = setTimeout(() => finish({ result: "timeout" }), req.timeoutMs ?? DEFAULT_TIMEOUT_MS);
     sock.on("error", (err) => finish(errorOutcome(err)));
     sock.on("message", (msg: Buffer) => finish({ result: "ok", answer: msg.toString().replace(/\n$/, "") }));
-    sock.bind(req.localPort ?? 0, req.localAddress ?? "0.0.0.0", () => {
+    sock.bind(req.localPort ?? 0, req.localAddress ?? (v6 ? "::" : "0.0.0.0"), () => {
       sock.send("probe\n", req.port!, req.host!, (err) => {
         if (err) finish(errorOutcome(err));
       });

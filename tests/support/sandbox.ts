@@ -31,6 +31,15 @@
  * Real clusters hairpin at L2 (bridge `hairpin_mode` plus br_netfilter), which this host lacks. Tests
  * therefore use a pod that is not an endpoint as the in-cluster client.
  *
+ * **Optional IPv6 (dual stack).** `Sandbox.create({ ipv6: true })` adds a second family on the same links:
+ * br0 `fd00:10:244::1/64`, pods `fd00:10:244::<n>/128` (default route via the bridge IP, `onlink`, as for
+ * IPv4), node eth0 `fd00:77::1/64`, client eth0 `fd00:77::2/64`, IPv6 forwarding in the node namespace,
+ * and default routes both ways as for IPv4. Every IPv6 address is added with `nodad` so that it is usable at
+ * once (no Duplicate Address Detection wait), and the node namespace has DAD off altogether (see
+ * `#nodeIPv6Sysctls`). Pods do not accept ICMPv6 redirects: IPv6 has no
+ * `send_redirects` switch, and a redirect would let pods talk to each other at L2 around the node's
+ * netfilter (and its reverse NAT). Without `ipv6` nothing IPv6 is configured, as before.
+ *
  * Namespace names are `dkp-<pid>-<n>-<role>`; {@linkcode cleanupStale} removes those whose creating
  * process is gone, and every live sandbox is removed from unload/SIGINT/SIGTERM handlers.
  * @module
@@ -54,6 +63,14 @@ export interface SandboxOptions {
   clientIP?: string;
   /** More client addresses on the same link (for source-range tests), in the node IP's /24. */
   extraClientIPs?: string[];
+  /** Also configure IPv6 (dual stack) on every link; see the module doc. Default false. */
+  ipv6?: boolean;
+  /** With `ipv6`: the /64 prefix of the node's IPv6 pod subnet, ending in `::`. Default `fd00:10:244::`. */
+  podNet6?: string;
+  /** With `ipv6`: the node's IPv6 address on the client link (/64). Default `fd00:77::1`. */
+  nodeIP6?: string;
+  /** With `ipv6`: the outside client's IPv6 address. Default `fd00:77::2`. */
+  clientIP6?: string;
 }
 
 /** One pod namespace. */
@@ -63,6 +80,8 @@ export interface PodInfo {
   /** Network namespace name. */
   readonly ns: string;
   readonly ip: string;
+  /** The pod's IPv6 address (/128) in an `ipv6` sandbox; undefined otherwise. */
+  readonly ip6?: string;
 }
 
 /** Options of {@linkcode Sandbox.spawn}. */
@@ -300,9 +319,20 @@ export class Sandbox {
   readonly pods = new Map<string, PodInfo>();
   /** True when net.bridge.bridge-nf-call-iptables exists (br_netfilter loaded) and was set to 1. */
   bridgeNetfilter = false;
+  /** True when the sandbox was created with `ipv6: true`. */
+  readonly ipv6: boolean;
+  /** The node's IPv6 address on the client link (its IPv6 InternalIP); undefined without `ipv6`. */
+  readonly nodeIP6: string | undefined;
+  /** The client's IPv6 address; undefined without `ipv6`. */
+  readonly clientIP6: string | undefined;
+  /** The bridge's IPv6 address: every pod's IPv6 gateway; undefined without `ipv6`. */
+  readonly bridgeIP6: string | undefined;
+  /** The node's IPv6 pod subnet, e.g. `fd00:10:244::/64`; undefined without `ipv6`. */
+  readonly podCIDR6: string | undefined;
 
   #runner = new DenoCommandRunner();
   #podNet: string;
+  #podNet6: string;
   #namespaces: string[] = [];
   #processes = new Set<SandboxProcess>();
   #probes = new Map<string, Probe>();
@@ -320,6 +350,12 @@ export class Sandbox {
     this.#podNet = opts.podNet ?? "10.244.0";
     this.bridgeIP = `${this.#podNet}.1`;
     this.podCIDR = `${this.#podNet}.0/24`;
+    this.ipv6 = opts.ipv6 ?? false;
+    this.#podNet6 = opts.podNet6 ?? "fd00:10:244::";
+    this.nodeIP6 = this.ipv6 ? opts.nodeIP6 ?? "fd00:77::1" : undefined;
+    this.clientIP6 = this.ipv6 ? opts.clientIP6 ?? "fd00:77::2" : undefined;
+    this.bridgeIP6 = this.ipv6 ? `${this.#podNet6}1` : undefined;
+    this.podCIDR6 = this.ipv6 ? `${this.#podNet6}/64` : undefined;
   }
 
   /** Creates the node and client namespaces (and `opts.pods`). Removes stale sandboxes first. */
@@ -359,6 +395,7 @@ export class Sandbox {
     ]);
     const bnf = await this.tryExec(this.node, "sysctl", ["-q", "-w", "net.bridge.bridge-nf-call-iptables=1"]);
     this.bridgeNetfilter = bnf.code === 0;
+    if (this.ipv6) await this.#nodeIPv6Sysctls();
 
     // A fixed MAC: otherwise the bridge takes its lowest port's MAC, which changes when pods come and
     // go, and pods would keep sending to the stale gateway MAC from their neighbour cache.
@@ -391,6 +428,34 @@ export class Sandbox {
     // default route points back at the client, which does not forward (ip_forward stays 0).
     await this.ip(this.client, "route", "add", "default", "via", this.nodeIP, "dev", "eth0");
     await this.ip(this.node, "route", "add", "default", "via", this.clientIP, "dev", "eth0");
+    if (this.ipv6) await this.#setupIPv6();
+  }
+
+  /**
+   * IPv6 sysctls of the node namespace, set before its links exist so that they inherit "default": no
+   * DAD at all (also for the link-local addresses: while br0's was tentative, the first packet forwarded to
+   * a pod waited ~2 s for neighbour discovery), and forwarding.
+   */
+  async #nodeIPv6Sysctls(): Promise<void> {
+    await this.exec(this.node, "sysctl", [
+      "-q",
+      "-w",
+      "net.ipv6.conf.all.disable_ipv6=0",
+      "net.ipv6.conf.default.disable_ipv6=0",
+      "net.ipv6.conf.all.accept_dad=0",
+      "net.ipv6.conf.default.accept_dad=0",
+      "net.ipv6.conf.all.forwarding=1",
+    ]);
+    await this.tryExec(this.node, "sysctl", ["-q", "-w", "net.bridge.bridge-nf-call-ip6tables=1"]);
+  }
+
+  /** The IPv6 half of {@linkcode #setup}, on the links it created (see the module doc). */
+  async #setupIPv6(): Promise<void> {
+    await this.ip(this.node, "-6", "addr", "add", `${this.bridgeIP6}/64`, "dev", "br0", "nodad");
+    await this.ip(this.node, "-6", "addr", "add", `${this.nodeIP6}/64`, "dev", "eth0", "nodad");
+    await this.ip(this.client, "-6", "addr", "add", `${this.clientIP6}/64`, "dev", "eth0", "nodad");
+    await this.ip(this.client, "-6", "route", "add", "default", "via", this.nodeIP6!, "dev", "eth0");
+    await this.ip(this.node, "-6", "route", "add", "default", "via", this.clientIP6!, "dev", "eth0");
   }
 
   /** Runs `ip <args>` inside `ns` (`ip -n`). Rejects on failure. */
@@ -478,11 +543,17 @@ export class Sandbox {
     return probe;
   }
 
-  /** Adds a pod namespace attached to the bridge; `ip` defaults to the next free address. */
-  async addPod(name: string, ip?: string): Promise<PodInfo> {
+  /**
+   * Adds a pod namespace attached to the bridge; `ip` defaults to the next free address. In an `ipv6`
+   * sandbox the pod also gets an IPv6 address: `ip6`, or `<podNet6><n>` with `n` the IPv4 address's last
+   * octet in hex (e.g. 10.244.0.3 and fd00:10:244::3, 10.244.0.10 and fd00:10:244::a).
+   */
+  async addPod(name: string, ip?: string, ip6?: string): Promise<PodInfo> {
     if (this.pods.has(name)) throw new Error(`pod ${name} exists`);
     if (!/^[a-z0-9][a-z0-9-]{0,30}$/.test(name)) throw new Error(`bad pod name ${name}`);
     const addr = ip ?? `${this.#podNet}.${this.#nextPodIndex++}`;
+    const hostNumber = Number(addr.split(".").at(-1));
+    const addr6 = this.ipv6 ? ip6 ?? `${this.#podNet6}${hostNumber.toString(16)}` : undefined;
     const ns = this.prefix + name;
     await this.#addNetns(ns);
     const veth = `vp${this.#vethIndex++}`;
@@ -491,7 +562,18 @@ export class Sandbox {
     await this.ip(ns, "addr", "add", `${addr}/32`, "dev", "eth0");
     await this.ip(ns, "link", "set", "eth0", "up");
     await this.ip(ns, "route", "add", "default", "via", this.bridgeIP, "dev", "eth0", "onlink");
-    const pod = { name, ns, ip: addr };
+    if (addr6 !== undefined) {
+      await this.exec(ns, "sysctl", [
+        "-q",
+        "-w",
+        "net.ipv6.conf.all.disable_ipv6=0",
+        "net.ipv6.conf.all.accept_redirects=0",
+        "net.ipv6.conf.eth0.accept_redirects=0",
+      ]);
+      await this.ip(ns, "-6", "addr", "add", `${addr6}/128`, "dev", "eth0", "nodad");
+      await this.ip(ns, "-6", "route", "add", "default", "via", this.bridgeIP6!, "dev", "eth0", "onlink");
+    }
+    const pod: PodInfo = addr6 === undefined ? { name, ns, ip: addr } : { name, ns, ip: addr, ip6: addr6 };
     this.pods.set(name, pod);
     return pod;
   }
@@ -509,6 +591,9 @@ export class Sandbox {
     if (!pod) return;
     this.pods.delete(name);
     await this.#killIn(pod.ns);
+    // Delete the veth pair first, synchronously: `ip netns del` only drops the name, and the kernel tears
+    // the namespace down later, so for a moment its stack (server gone) still answered SYNs with RST.
+    await this.#runner.tryRun({ cmd: "ip", args: ["-n", pod.ns, "link", "del", "eth0"] });
     await this.#runner.tryRun({ cmd: "ip", args: ["netns", "del", pod.ns] });
     this.#namespaces = this.#namespaces.filter((n) => n !== pod.ns);
   }
