@@ -457,27 +457,26 @@ export class Proxier {
     noLocalEndpointsTotal.set({ ip_family: snapshot.family, traffic_policy: "external" }, external);
   }
 
-  /** Pushes health-check node ports and local ready endpoint counts (distinct IPs) to the service health server. */
+  /**
+   * Pushes health-check node ports and local ready endpoint counts to the service health server. The count is
+   * upstream's per-family one (distinct local ready IPs of one family), the larger of the two families when
+   * dual-stack, so a dual-stack pod counts once, as each of upstream's per-family servers reports it.
+   */
   #updateServiceHealth(): void {
     const server = this.opts.serviceHealthServer;
     if (!server) return;
     const ports = new Map<string, number>();
-    const localIPs = new Map<string, Set<string>>();
+    const counts = new Map<string, number>();
     for (const f of this.#families) {
       for (const [key, states] of f.states) {
+        const localIPs = new Set<string>();
         for (const { info, endpoints } of states) {
           if (info.healthCheckNodePort !== 0) ports.set(key, info.healthCheckNodePort);
-          for (const e of endpoints) {
-            if (!e.isLocal || !e.ready) continue;
-            let set = localIPs.get(key);
-            if (!set) localIPs.set(key, set = new Set());
-            set.add(e.ip);
-          }
+          for (const e of endpoints) if (e.isLocal && e.ready) localIPs.add(e.ip);
         }
+        if (localIPs.size > (counts.get(key) ?? 0)) counts.set(key, localIPs.size);
       }
     }
-    const counts = new Map<string, number>();
-    for (const [key, set] of localIPs) counts.set(key, set.size);
     server.syncServices(ports);
     server.syncEndpoints(counts);
   }

@@ -37,6 +37,28 @@ export function splitHostPort(addr: string): HostPort {
   return { hostname: host === "" ? "0.0.0.0" : host, port: n };
 }
 
+/**
+ * `Deno.serve` on `hostname:port`, where the wildcard `0.0.0.0` (or `::`) means every address of both
+ * families, as Go's `net.Listen` treats it: Deno binds `0.0.0.0` as IPv4 only, so a wildcard is bound as
+ * `::` (dual-stack unless net.ipv6.bindv6only=1), falling back to `0.0.0.0` where IPv6 is unavailable.
+ * @throws {Error} When the address cannot be bound.
+ */
+export function serveOn(
+  hostname: string,
+  port: number,
+  handler: (req: Request) => Response | Promise<Response>,
+  onError?: (err: unknown) => Response | Promise<Response>,
+): Deno.HttpServer<Deno.NetAddr> {
+  const serve = (h: string) => Deno.serve({ hostname: h, port, onListen: () => {}, onError }, handler);
+  if (hostname !== "0.0.0.0" && hostname !== "::") return serve(hostname);
+  try {
+    return serve("::");
+  } catch (err) {
+    if (err instanceof Deno.errors.AddrInUse) throw err;
+    return serve("0.0.0.0");
+  }
+}
+
 /** Options of {@linkcode RetryingListener}. */
 export interface RetryingListenerOptions {
   /** Name in logs (e.g. "healthz", "metrics"). */
@@ -91,15 +113,10 @@ export class RetryingListener {
   #tryListen(): void {
     if (this.#stopped) return;
     try {
-      this.#server = Deno.serve({
-        hostname: this.opts.hostname,
-        port: this.opts.port,
-        onListen: () => {},
-        onError: (err) => {
-          log.error("HTTP handler failed", err, { server: this.opts.name });
-          return new Response("internal error", { status: 500 });
-        },
-      }, this.opts.handler);
+      this.#server = serveOn(this.opts.hostname, this.opts.port, this.opts.handler, (err) => {
+        log.error("HTTP handler failed", err, { server: this.opts.name });
+        return new Response("internal error", { status: 500 });
+      });
       log.v(3).info(`Starting ${this.opts.name} HTTP server`, {
         address: `${this.opts.hostname}:${this.#server.addr.port}`,
       });

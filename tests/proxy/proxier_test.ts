@@ -282,3 +282,41 @@ Deno.test("no_local_endpoints gauge counts Local-policy services that have endpo
   );
   await proxier.stop();
 });
+
+Deno.test("service health counts a dual-stack pod once (upstream's per-family count)", async () => {
+  const clock = new FakeClock(Date.parse("2026-01-01T00:00:00Z"));
+  const dps = new Map<IPFamily, FakeDataplane>([["IPv4", new FakeDataplane("IPv4")], [
+    "IPv6",
+    new FakeDataplane("IPv6"),
+  ]]);
+  const pushed: Map<string, number>[] = [];
+  const proxier = new Proxier({
+    families: dps,
+    nodeName: "host1",
+    minSyncPeriodMs: 0,
+    syncPeriodMs: 30_000,
+    clock,
+    serviceHealthServer: { syncServices: () => {}, syncEndpoints: (c) => void pushed.push(new Map(c)) },
+  });
+  proxier.onServiceAdd(service("ns", "lb", {
+    type: "LoadBalancer",
+    clusterIPs: ["172.30.1.1", "fd00::1"],
+    externalTrafficPolicy: "Local",
+    healthCheckNodePort: 32000,
+    ports: [{ name: "p80", port: 80, protocol: "TCP", nodePort: 30080 }],
+  }));
+  // One local pod with both an IPv4 and an IPv6 address, and a second local pod with IPv4 only.
+  proxier.onEndpointSliceAdd(slice("ns", "lb", "v4", [
+    { addresses: ["10.0.0.1"], nodeName: "host1" },
+    { addresses: ["10.0.0.2"], nodeName: "host1" },
+  ]));
+  proxier.onEndpointSliceAdd(
+    slice("ns", "lb", "v6", [{ addresses: ["fd00:10::1"], nodeName: "host1" }], { addressType: "IPv6" }),
+  );
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  assert.equal(pushed.at(-1)!.get("ns/lb"), 2, "2 local pods, not 3 addresses");
+  await proxier.stop();
+});

@@ -204,3 +204,62 @@ Deno.test("MetricsServer exposes every upstream metric with its type, plus /heal
     await ms.stop();
   }
 });
+
+function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (l.addr as Deno.NetAddr).port;
+  l.close();
+  return port;
+}
+
+Deno.test("ServiceHealthServer body is upstream's tab-indented text, byte for byte", async () => {
+  const shs = new ServiceHealthServer({ addresses: ["127.0.0.1"] });
+  try {
+    shs.syncServices(new Map([["ns1/svc1", 0]]));
+    shs.syncEndpoints(new Map([["ns1/svc1", 1]]));
+    const r = await get(shs.listening().get("ns1/svc1")![0], "/");
+    assert.equal(
+      r.body,
+      '{\n\t"service": {\n\t\t"namespace": "ns1",\n\t\t"name": "svc1"\n\t},\n\t"localEndpoints": 1,\n' +
+        '\t"serviceProxyHealthy": true\n}',
+    );
+  } finally {
+    await shs.stop();
+  }
+});
+
+Deno.test("ServiceHealthServer hands a port from a removed Service to a new one in the same sync", async () => {
+  const errors: string[] = [];
+  const shs = new ServiceHealthServer({ addresses: ["127.0.0.1"], onListenError: (k) => errors.push(k) });
+  const port = freePort();
+  try {
+    shs.syncServices(new Map([["ns1/old", port]]));
+    assert.deepEqual(shs.listening().get("ns1/old"), [port]);
+    shs.syncServices(new Map([["ns1/new", port]]));
+    await shs.settled();
+    assert.deepEqual(errors, [], "no AddrInUse reported");
+    assert.deepEqual([...shs.listening()], [["ns1/new", [port]]]);
+    shs.syncEndpoints(new Map([["ns1/new", 3]]));
+    const r = await get(port, "/");
+    assert.equal(r.status, 200);
+    assert.match(r.body, /"name": "new"/);
+  } finally {
+    await shs.stop();
+  }
+});
+
+Deno.test("a wildcard 0.0.0.0 health-check listener also answers over IPv6, as Go's dual-stack listen", async () => {
+  const shs = new ServiceHealthServer({ addresses: ["0.0.0.0"] });
+  const port = freePort();
+  try {
+    shs.syncServices(new Map([["ns1/svc1", port]]));
+    shs.syncEndpoints(new Map([["ns1/svc1", 1]]));
+    for (const host of ["127.0.0.1", "[::1]"]) {
+      const r = await fetch(`http://${host}:${port}/`);
+      assert.equal(r.status, 200, host);
+      await r.body?.cancel();
+    }
+  } finally {
+    await shs.stop();
+  }
+});
