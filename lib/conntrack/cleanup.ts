@@ -4,8 +4,16 @@
  *
  * A UDP flow is stale when its original destination is a ClusterIP / externalIP / LoadBalancer VIP and port of a
  * UDP service port, or its original destination port is a UDP NodePort, and its reply source (IP and port) is
- * not a *serving* endpoint of that service port. Upstream compares IPs only; here the ports are compared too,
- * which is stricter about which backend a flow is pinned to and never deletes flows of other ports.
+ * not a *serving* endpoint of that service port. As upstream, a service port with no serving endpoint at all is
+ * skipped ("a Service without endpoints does not require to clean the conntrack entries associated"): its flows
+ * stay until endpoints come back, when the ones not pinned to them are deleted.
+ *
+ * Beyond upstream (which compares the reply source IP only), the reply source *port* is compared too. The
+ * operator-visible effect: after a Service's targetPort is changed (say 53 → 5353) while its pods keep their IPs,
+ * upstream keeps every flow still DNATed to podIP:53, where nothing listens any more; a client that keeps its
+ * source port (a resolver or a syslog/statsd sender, each packet refreshing the entry) stays black-holed until it
+ * changes port or goes quiet for the UDP timeout. Here those flows are deleted at the endpoint update, so the
+ * next packet is DNATed to podIP:5353. Flows pinned to a serving IP:port are kept exactly as upstream keeps them.
  * @module
  */
 
@@ -74,6 +82,8 @@ export function staleUDPFlows(snapshot: ProxySnapshot, flows: readonly Conntrack
     if (info.protocol !== "UDP") continue;
     const serving = new Set<string>();
     for (const ep of st.endpoints) if (ep.serving) serving.add(`${canon(ep.ip)} ${ep.port}`);
+    // Upstream: "a Service without endpoints does not require to clean the conntrack entries associated".
+    if (serving.size === 0) continue;
     for (const ip of [info.clusterIP, ...info.loadBalancerVIPs, ...info.externalIPs]) {
       byServiceIP.set(`${canon(ip)} ${info.port}`, serving);
     }

@@ -7,10 +7,12 @@
  *   every cached per-port block whose state did not change.
  * - Partial sync: the dispatch chains (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS, KUBE-FORWARD,
  *   KUBE-PROXY-FIREWALL, KUBE-POSTROUTING, KUBE-MARK-MASQ) in full, and only the changed ports' own chains.
- *   No other program runs.
+ *   No other iptables program runs (only `ip`, with CIDR nodePortAddresses: see below).
  * - Stale chains are flushed and deleted (`:CHAIN` + `-X CHAIN`) from memory of what was written; the only
- *   `iptables-save` runs on a full sync when jump rules are not known to exist (start, after a failure or a
- *   flush), which also finds leftovers of an earlier run.
+ *   `iptables-save` (one per table) runs on every full sync, including the periodic one, to re-verify the jump
+ *   rules as upstream's EnsureRule loop does on each full sync; it also finds leftovers of an earlier run.
+ * - With CIDR nodePortAddresses the node's addresses (`ip -j addr show`) are read on every sync, as upstream
+ *   reads them on every sync; the default match-all setting runs nothing.
  * @module
  */
 
@@ -31,6 +33,7 @@ import {
   newNodePortAddresses,
   nodeIPsMatching,
   type NodePortAddresses,
+  parseIP,
   parseIpAddrJson,
 } from "./nodeport_addresses.ts";
 import {
@@ -39,6 +42,7 @@ import {
   isJumpLine,
   JUMP_RULES,
   jumpArgs,
+  type JumpRule,
   KUBE_PROXY_CANARY,
   KUBELET_JUMP_RULES,
   LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
@@ -76,6 +80,12 @@ export interface IptablesDataplaneOptions {
   conntrackTCPBeLiberal?: boolean;
   /** Node IPs to use instead of `ip -j addr show` when nodePortAddresses do not match all (tests). */
   nodeAddresses?: readonly string[];
+  /**
+   * This family's node IP as upstream's detectNodeIPs picks it: a non-wildcard bindAddress of this family wins
+   * over the Node object's IPs. Used for the loadBalancerSourceRanges self-allow (`-s <lbIP>` in KUBE-FW when a
+   * source range contains the node IP). When unset (or of the other family), `snapshot.node.ips[0]` is used.
+   */
+  nodeIP?: string;
   logger?: Logger;
 }
 
@@ -281,6 +291,11 @@ export function sameRenderedState(a: ServicePortState, b: ServicePortState): boo
 interface ScanResult {
   chains: { filter: Set<string>; nat: Set<string> };
   missingJumps: { filter: string; nat: string };
+  /**
+   * kubelet's KUBE-FIREWALL jumps missing while the payload does not own KUBE-FIREWALL (no localhost NodePorts):
+   * ensured with plain iptables calls after the restore, as upstream's EnsureChain/EnsureRule do.
+   */
+  missingKubeletJumps: JumpRule[];
 }
 
 /** The payload of one sync, kept for tests and error messages. */
@@ -340,7 +355,6 @@ export class IptablesDataplane implements Dataplane {
   /** Chains of each port as last successfully written. */
   private applied = new Map<string, readonly string[]>();
   private needFull = true;
-  private jumpsVerified = false;
   private largeCluster = false;
   /** The last restore left rules in nat KUBE-SERVICES (checked by needsFullSync in small clusters). */
   private servicesChainHasRules = false;
@@ -374,7 +388,6 @@ export class IptablesDataplane implements Dataplane {
         stderr: r.stderr.trim(),
       });
       this.needFull = true;
-      this.jumpsVerified = false;
       return true;
     }
     // Beyond upstream: a flush of nat KUBE-SERVICES alone (`iptables -t nat -F KUBE-SERVICES`) leaves the
@@ -392,7 +405,6 @@ export class IptablesDataplane implements Dataplane {
       stderr: svc.stderr.trim(),
     });
     this.needFull = true;
-    this.jumpsVerified = false;
     return true;
   }
 
@@ -439,11 +451,21 @@ export class IptablesDataplane implements Dataplane {
       masqueradeAll: o.masqueradeAll ?? false,
       localDetector: o.localDetector ?? noOpLocalDetector,
       localhostNodePorts,
-      nodeIP: snapshot.node.ips[0] ?? null,
+      nodeIP: this.nodeIPOf(snapshot),
     };
     this.initialized = true;
   }
 
+  /** The node IP for the source-range self-allow: the `nodeIP` option (bindAddress) wins over the Node's IPs. */
+  private nodeIPOf(snapshot: ProxySnapshot): string | null {
+    const ip = this.opts.nodeIP;
+    const o = ip !== undefined ? parseIP(ip) : null;
+    // Like upstream, a wildcard (0.0.0.0 / ::) bindAddress does not count.
+    if (o && o.v6 === (this.family === "IPv6") && o.value !== 0n) return ip!;
+    return snapshot.node.ips[0] ?? null;
+  }
+
+  /** Reads the node's addresses matching CIDR nodePortAddresses (nothing runs when they match all). */
   private async readNodePortIPs(): Promise<void> {
     const npa = this.npa!;
     if (npa.matchAll) {
@@ -475,8 +497,15 @@ export class IptablesDataplane implements Dataplane {
     const res: ScanResult = {
       chains: { filter: new Set(), nat: new Set() },
       missingJumps: { filter: "", nat: "" },
+      missingKubeletJumps: [],
     };
-    const jumps = [...JUMP_RULES, ...(this.cfg!.localhostNodePorts ? KUBELET_JUMP_RULES : [])];
+    // Upstream ensures kubelet's KUBE-FIREWALL jumps on every full sync in both families, whatever
+    // localhostNodePorts says (only the chain's "block incoming localnet connections" rule depends on it). When
+    // the payload declares KUBE-FIREWALL (localhost NodePorts on) the jumps go into the payload with the others;
+    // otherwise the payload must not declare the chain (that would flush kubelet's rules in it), so they are
+    // ensured with separate calls after the restore (see ensureKubeletJumps).
+    const ownsKubeletChain = this.cfg!.localhostNodePorts;
+    const jumps = [...JUMP_RULES, ...(ownsKubeletChain ? KUBELET_JUMP_RULES : [])];
     for (const table of ["filter", "nat"] as const) {
       const r = await this.runner.run({ cmd: this.tools.save, args: ["-t", table], timeoutMs: 120_000 });
       const lines = r.stdout.split("\n");
@@ -502,8 +531,42 @@ export class IptablesDataplane implements Dataplane {
         if ((rulesByChain.get(j.from) ?? []).some((l) => isJumpLine(l, j))) continue;
         res.missingJumps[table] += `-I ${j.from} 1 ${jumpArgs(j)}\n`;
       }
+      if (table === "filter" && !ownsKubeletChain) {
+        for (const j of KUBELET_JUMP_RULES) {
+          if (!(rulesByChain.get(j.from) ?? []).some((l) => isJumpLine(l, j))) {
+            res.missingKubeletJumps.push(j);
+          }
+        }
+      }
     }
     return res;
+  }
+
+  /**
+   * Upstream's EnsureChain(filter, KUBE-FIREWALL) + EnsureRule(Prepend, INPUT/OUTPUT, -j KUBE-FIREWALL) when the
+   * payload does not own the chain. Runs after the restore so that, as upstream's loop (kube-proxy's jumps first,
+   * then kubelet's, each prepended) leaves them, the KUBE-FIREWALL jumps end up first. A failure is logged and
+   * the next sync is made full, which retries.
+   */
+  private async ensureKubeletJumps(scan: ScanResult): Promise<void> {
+    const missing = scan.missingKubeletJumps;
+    if (missing.length === 0) return;
+    const chain = missing[0].to;
+    const calls: string[][] = [];
+    if (!scan.chains.filter.has(chain)) calls.push(["-w", "5", "-t", "filter", "-N", chain]);
+    for (const j of missing) calls.push(["-w", "5", "-t", "filter", "-I", j.from, "1", "-j", j.to]);
+    for (const args of calls) {
+      const r = await this.runner.tryRun({ cmd: this.tools.iptables, args, timeoutMs: 15_000 });
+      // "-N" of a chain kubelet created meanwhile fails with "Chain already exists": that is fine.
+      if (r.code !== 0 && !(args.includes("-N") && /already exists/i.test(r.stderr))) {
+        this.log.error("Failed to ensure chain jumps", r.stderr.trim(), {
+          table: "filter",
+          args: args.join(" "),
+        });
+        this.needFull = true;
+        return;
+      }
+    }
   }
 
   /** Applies the snapshot. Rejects on failure; the next sync is then full. */
@@ -514,7 +577,7 @@ export class IptablesDataplane implements Dataplane {
     if (!this.initialized) await this.init(snapshot);
     const cfg0 = this.cfg!;
     const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
-    const nodeIP = snapshot.node.ips[0] ?? null;
+    const nodeIP = this.nodeIPOf(snapshot);
     let full = this.needFull || snapshot.changedServices === null;
     if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP) {
       // Every block renders differently now: drop the cache and write everything.
@@ -527,11 +590,13 @@ export class IptablesDataplane implements Dataplane {
     }
     const cfg = this.cfg!;
 
-    let scan: ScanResult | null = null;
-    if (full) {
-      if (!this.jumpsVerified) scan = await this.scan();
-      await this.readNodePortIPs();
-    }
+    // Every full sync (start, failure, flush, periodic) re-verifies the jump rules, as upstream ensures them
+    // on every full sync; partial syncs run nothing but the restore.
+    const scan = full ? await this.scan() : null;
+    // Upstream reads the node's addresses on every sync; the nodeports tail rules they feed are in nat
+    // KUBE-SERVICES, which every payload rewrites, so an address change takes effect at the next (even partial)
+    // sync. With match-all nodePortAddresses nothing runs.
+    await this.readNodePortIPs();
     this.lastPayload = null; // let the previous payload buffer go before building the next one
     const tGen = performance.now();
     const built = this.build(snapshot, cfg, full, scan);
@@ -563,7 +628,6 @@ export class IptablesDataplane implements Dataplane {
       iptablesRestoreFailuresTotal.inc({ ip_family: this.family });
       if (!full) iptablesPartialRestoreFailuresTotal.inc({ ip_family: this.family });
       this.needFull = true;
-      this.jumpsVerified = false;
       throw new CommandError(
         { cmd: this.tools.restore, args: ["--noflush", "--counters", "-w", "5", "-W", "100000"] },
         r.code,
@@ -576,7 +640,7 @@ export class IptablesDataplane implements Dataplane {
     this.servicesChainHasRules = built.servicesChainHasRules;
     this.needFull = false;
     this.everSynced = true;
-    if (full) this.jumpsVerified = true;
+    if (scan) await this.ensureKubeletJumps(scan);
     iptablesRulesLastSync.set({ ip_family: this.family, table: "filter" }, built.filterRules);
     iptablesRulesTotal.set({ ip_family: this.family, table: "filter" }, built.filterRules);
     iptablesRulesLastSync.set({ ip_family: this.family, table: "nat" }, built.natRulesWritten);

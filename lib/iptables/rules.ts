@@ -271,8 +271,11 @@ export function renderServicePort(
       nFilter++;
     }
   }
-  // Health check node port (upstream keeps it only for eTP=Local services: NeedsHealthCheck).
-  if (info.healthCheckNodePort !== 0 && extLocal) {
+  // Health check node port: upstream writes it whenever the port's HealthCheckNodePort() != 0, which is only set
+  // for services that NeedsHealthCheck (type LoadBalancer with eTP=Local; see service_port.ts). It does not
+  // depend on the port being externally reachable yet: an eTP=Local LoadBalancer with
+  // allocateLoadBalancerNodePorts:false and no VIP-mode ingress still needs its health check port open.
+  if (info.healthCheckNodePort !== 0) {
     filter +=
       `-A KUBE-NODEPORTS -m comment --comment "${name} health check node port" -m tcp -p tcp --dport ${info.healthCheckNodePort} -j ACCEPT\n`;
     nFilter++;

@@ -125,3 +125,29 @@ Deno.test({
       assert.deepEqual(sports, [5000, 5004]);
     }),
 });
+
+Deno.test("UDP service with no serving endpoints: its flows are left alone (upstream skips it)", async () => {
+  const snap = snapshot([
+    makeState({
+      ns: "kube-system",
+      name: "dns",
+      protocol: "UDP",
+      clusterIP: "172.30.0.48",
+      portNum: 53,
+      nodePort: 30053,
+    }, [{ ip: "10.180.0.10", port: 5353, ready: false, serving: false, terminating: true }]),
+  ]);
+  const flows = parseConntrackList(LIST, "IPv4");
+  assert.deepEqual(staleUDPFlows(snap, flows), []);
+  const r = new RecordingCommandRunner((c) => (c.args[0] === "-L" ? { stdout: LIST } : undefined));
+  assert.equal(await cleanStaleUDPConntrack(r, snap), 0);
+  assert.deepEqual(r.calls.map((c) => c.args[0]), ["-L"]);
+  // With no endpoint at all, too.
+  const none = snapshot([
+    makeState(
+      { ns: "a", name: "u", protocol: "UDP", clusterIP: "172.30.0.48", portNum: 53, nodePort: 30053 },
+      [],
+    ),
+  ]);
+  assert.deepEqual(staleUDPFlows(none, flows), []);
+});

@@ -8,7 +8,7 @@ import {
   newLocalDetector,
 } from "../../lib/iptables/local_detector.ts";
 import { configureLogging } from "../../lib/log.ts";
-import { makeState, recorder, restores, snapshot } from "./fixtures.ts";
+import { jumpRecorder, makeState, recorder, restores, snapshot } from "./fixtures.ts";
 import { overallFixture } from "./fixtures.ts";
 
 const logs: string[] = [];
@@ -355,11 +355,154 @@ Deno.test("loadBalancerSourceRanges containing the node IP allow the VIP itself"
 });
 
 Deno.test("full sync with unchanged states reuses cached blocks (identical payload)", async () => {
-  const r = recorder();
+  // The jumps inserted by the first sync are then in place, so the second (re-verifying) full sync finds them.
+  const { r } = jumpRecorder();
   const d = dp(r);
   const states = overallFixture();
   await d.sync(snapshot(states));
   await d.sync(snapshot(states));
   // Same content except the one-time jump insertion of the first sync.
   assert.equal(restores(r)[1], restores(r)[0].split("\n").filter((l) => !l.startsWith("-I ")).join("\n"));
+});
+
+Deno.test("health check node port rule for an eTP=Local LoadBalancer with no NodePort and no VIP-mode ingress yet", async () => {
+  // allocateLoadBalancerNodePorts:false and no status.loadBalancer.ingress (or only ipMode Proxy) yet: the port is
+  // not externally reachable, but upstream still writes the rule (it conditions on HealthCheckNodePort() != 0).
+  const r = recorder();
+  await dp(r).sync(snapshot([
+    makeState({ ns: "ns", name: "lbl", clusterIP: "172.30.0.60", eTPLocal: true, hcnp: 30100 }, [
+      { ip: "10.180.0.60", local: true },
+    ]),
+  ]));
+  assert.ok(
+    restores(r)[0].includes(
+      `-A KUBE-NODEPORTS -m comment --comment "ns/lbl:p80 health check node port" -m tcp -p tcp --dport 30100 -j ACCEPT\n`,
+    ),
+  );
+});
+
+Deno.test("every full sync (incl. periodic) re-verifies jump rules; partial syncs still run nothing else", async () => {
+  const { r, state } = jumpRecorder();
+  const d = dp(r);
+  await d.sync(snapshot([svcA()]));
+  assert.ok(restores(r)[0].includes('-I PREROUTING 1 -m comment --comment "kubernetes service portals"'));
+  // Someone flushes nat PREROUTING; the canary is untouched, so nothing forces a full sync.
+  state.drop("nat", "PREROUTING");
+  let before = r.calls.length;
+  await d.sync(snapshot([svcA([{ ip: "10.180.0.1" }])], { changed: ["ns1/a"] }));
+  assert.deepEqual(r.calls.slice(before).map((c) => c.cmd), ["iptables-restore"]);
+  // The periodic (hourly) full sync puts the jump back, and only that one.
+  before = r.calls.length;
+  const res = await d.sync(snapshot([svcA([{ ip: "10.180.0.1" }])]));
+  assert.equal(res.full, true);
+  assert.deepEqual(r.calls.slice(before).map((c) => [c.cmd, ...c.args].join(" ")), [
+    "iptables-save -t filter",
+    "iptables-save -t nat",
+    "iptables-restore --noflush --counters -w 5 -W 100000",
+  ]);
+  const jumps = restores(r)[2].split("\n").filter((l) => l.startsWith("-I "));
+  assert.deepEqual(jumps, [
+    '-I PREROUTING 1 -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+  ]);
+  // Nothing missing: a further full sync inserts nothing.
+  await d.sync(snapshot([svcA([{ ip: "10.180.0.1" }])]));
+  assert.ok(!restores(r)[3].includes("-I "));
+});
+
+Deno.test("CIDR nodePortAddresses: node addresses re-read on every sync, a partial sync rewrites the nodeports tail", async () => {
+  const addrs = (ips: string[]) =>
+    JSON.stringify([{ ifname: "eth0", addr_info: ips.map((local) => ({ family: "inet", local })) }]);
+  let cur = addrs(["192.168.0.2"]);
+  const r = recorder((c) => (c.cmd === "ip" ? { stdout: cur } : undefined));
+  const d = dp(r, { nodePortAddresses: ["192.168.0.0/24"] });
+  await d.sync(snapshot([svcA(), svcB()]));
+  const tail = (p: string) => p.split("\n").filter((l) => l.includes("must be the last rule"));
+  assert.deepEqual(tail(restores(r)[0]).map((l) => l.replace(/.*chain" /, "")), [
+    "-d 192.168.0.2 -j KUBE-NODEPORTS",
+  ]);
+  // The node gets another address (DHCP, a VIP moved here): the next sync, even partial, picks it up.
+  cur = addrs(["192.168.0.2", "192.168.0.7"]);
+  const before = r.calls.length;
+  const res = await d.sync(snapshot([svcA([{ ip: "10.180.0.1" }]), svcB()], { changed: ["ns1/a"] }));
+  assert.equal(res.full, false);
+  assert.deepEqual(r.calls.slice(before).map((c) => c.cmd), ["ip", "iptables-restore"]);
+  const p = restores(r)[1];
+  assert.ok(p.includes("*nat\n:KUBE-SERVICES - [0:0]\n"), "nat KUBE-SERVICES is flushed and rewritten");
+  assert.deepEqual(tail(p).map((l) => l.replace(/.*chain" /, "")), [
+    "-d 192.168.0.2 -j KUBE-NODEPORTS",
+    "-d 192.168.0.7 -j KUBE-NODEPORTS",
+  ]);
+});
+
+Deno.test("kubelet KUBE-FIREWALL jumps ensured on full syncs without localhost NodePorts, the chain never flushed", async () => {
+  for (
+    const [family, opts, tool] of [
+      ["IPv4", { localhostNodePorts: false }, "iptables"],
+      ["IPv4", { nodePortAddresses: ["primary"] }, "iptables"],
+      ["IPv6", {}, "ip6tables"],
+    ] as const
+  ) {
+    const { r, state } = jumpRecorder();
+    const d = new IptablesDataplane({
+      family,
+      runner: r,
+      localDetector: detectLocalByCIDR(family === "IPv6" ? "fd00::/48" : "10.0.0.0/8"),
+      ...opts,
+    });
+    const snap = family === "IPv6"
+      ? snapshot([makeState({ ns: "ns", name: "v6", clusterIP: "fd00:1::10" }, [{ ip: "fd00::5" }])], {
+        family,
+        nodeIPs: ["fd00::2"],
+      })
+      : snapshot([svcA()]);
+    await d.sync(snap);
+    const p = restores(r, `${tool}-restore`)[0];
+    assert.ok(!p.includes("KUBE-FIREWALL"), "the payload leaves kubelet's chain alone");
+    // After the restore (so that, as upstream's prepend order leaves them, they come first).
+    const calls = r.calls.map((c) => [c.cmd, ...c.args].join(" "));
+    const i = calls.indexOf(`${tool}-restore --noflush --counters -w 5 -W 100000`);
+    assert.deepEqual(calls.slice(i + 1), [
+      `${tool} -w 5 -t filter -N KUBE-FIREWALL`,
+      `${tool} -w 5 -t filter -I INPUT 1 -j KUBE-FIREWALL`,
+      `${tool} -w 5 -t filter -I OUTPUT 1 -j KUBE-FIREWALL`,
+    ], `${family} ${JSON.stringify(opts)}`);
+    // Present now: the next full sync runs nothing for them; a flushed OUTPUT gets its jump back, the chain
+    // (which kubelet owns and may fill) is not created or declared again.
+    state.drop("filter", "OUTPUT");
+    const before = r.calls.length;
+    await d.sync(snap);
+    const after = r.calls.slice(before).map((c) => [c.cmd, ...c.args].join(" "));
+    assert.deepEqual(after.slice(after.indexOf(`${tool}-restore --noflush --counters -w 5 -W 100000`) + 1), [
+      `${tool} -w 5 -t filter -I OUTPUT 1 -j KUBE-FIREWALL`,
+    ], JSON.stringify(after));
+    assert.ok(!restores(r, `${tool}-restore`)[1].includes("KUBE-FIREWALL"));
+  }
+});
+
+Deno.test("bindAddress node IP (nodeIP option) wins over the Node's IP for the source-range self-allow", async () => {
+  const lb = () =>
+    snapshot([
+      makeState({
+        ns: "ns",
+        name: "lb",
+        clusterIP: "172.30.0.5",
+        lbVIPs: ["5.6.7.8"],
+        nodePort: 30005,
+        sourceRanges: ["10.20.0.0/16"],
+      }, [{ ip: "10.0.0.1" }]),
+    ], { nodeIPs: ["192.168.0.2"] });
+  const selfAllow =
+    /-A KUBE-FW-\w+ -m comment --comment "ns\/lb:p80 loadbalancer IP" -s 5.6.7.8 -j KUBE-EXT-/;
+  for (
+    const [nodeIP, allowed] of [
+      [undefined, false], // the Node's 192.168.0.2 is outside 10.20.0.0/16
+      ["10.20.0.5", true], // --bind-address=10.20.0.5
+      ["0.0.0.0", false], // wildcard: ignored, as upstream
+      ["fd00::5", false], // the other family's bindAddress: ignored by the IPv4 dataplane
+    ] as const
+  ) {
+    const r = recorder();
+    await dp(r, { nodeIP }).sync(lb());
+    assert.equal(selfAllow.test(restores(r)[0]), allowed, String(nodeIP));
+  }
 });

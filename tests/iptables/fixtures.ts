@@ -79,7 +79,9 @@ export function makeState(s: SvcSpec, eps: EpSpec[]): ServicePortState {
     stickyMaxAgeSeconds: s.affinity ?? 0,
     externalPolicyLocal: s.eTPLocal ?? false,
     internalPolicyLocal: s.iTPLocal ?? false,
-    healthCheckNodePort: s.hcnp ?? 0,
+    // As lib/proxy/service_port.ts (upstream's NeedsHealthCheck gate on HealthCheckNodePort()): the spec value
+    // counts only with eTP=Local. Upstream's TestOverallIPTablesRules gives the eTP=Cluster svc5 one too.
+    healthCheckNodePort: s.eTPLocal ? s.hcnp ?? 0 : 0,
   };
   const endpoints = eps.map(ep).sort((
     a,
@@ -142,6 +144,58 @@ export function recorder(
     if (c.cmd === "sysctl" && c.args[0] === "-n") return { stdout: "0\n" };
     return undefined;
   });
+}
+
+/**
+ * A recorder that remembers the jump rules (`-I CHAIN 1 ...`) of every restore and the chains and jumps created
+ * with plain `iptables` calls, and shows them in later `iptables-save -t <table>` output, as the kernel would.
+ * `state.drop(table, chain)` forgets a chain's jumps (an external `iptables -F INPUT`).
+ */
+export function jumpRecorder(
+  extra?: (c: RecordedCall) => { code?: number; stdout?: string; stderr?: string } | undefined,
+) {
+  const tables: Record<string, { chains: Set<string>; rules: string[] }> = {
+    filter: { chains: new Set(["INPUT", "FORWARD", "OUTPUT"]), rules: [] },
+    nat: { chains: new Set(["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"]), rules: [] },
+  };
+  const state = {
+    tables,
+    drop(table: string, chain: string) {
+      tables[table].rules = tables[table].rules.filter((l) => !l.startsWith(`-A ${chain} `));
+    },
+  };
+  const r = recorder((c) => {
+    const e = extra?.(c);
+    if (e) return e;
+    if (c.cmd.endsWith("-save")) {
+      const t = tables[c.args[1]];
+      return {
+        stdout: `*${c.args[1]}\n${[...t.chains].map((n) => `:${n} - [0:0]\n`).join("")}${
+          t.rules.join("")
+        }COMMIT\n`,
+      };
+    }
+    if (c.cmd.endsWith("-restore")) {
+      let table = "";
+      for (const l of c.stdin.split("\n")) {
+        if (l.startsWith("*")) table = l.slice(1);
+        else if (l.startsWith(":") && tables[table]) tables[table].chains.add(l.slice(1, l.indexOf(" ")));
+        else if (l.startsWith("-I ") && tables[table]) {
+          tables[table].rules.unshift(l.replace(/^-I (\S+) 1 /, "-A $1 ") + "\n");
+        }
+      }
+      return undefined;
+    }
+    if (/^ip6?tables/.test(c.cmd)) {
+      const t = tables[c.args[c.args.indexOf("-t") + 1]];
+      const i = c.args.indexOf("-N");
+      if (i >= 0) t.chains.add(c.args[i + 1]);
+      const j = c.args.indexOf("-I");
+      if (j >= 0) t.rules.unshift(`-A ${c.args[j + 1]} ${c.args.slice(j + 3).join(" ")}\n`);
+    }
+    return undefined;
+  });
+  return { r, state };
 }
 
 /** Restore payloads handed to `cmd`. */

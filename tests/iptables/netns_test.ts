@@ -152,3 +152,73 @@ Deno.test({
       assert.ok(save.includes("--to-destination [fd00::5]:80"));
     }),
 });
+
+for (const backend of ["legacy", "nft"] as IptablesBackend[]) {
+  Deno.test({
+    name:
+      `netns ${backend}: periodic full sync restores a jump deleted with the canary intact; kubelet's KUBE-FIREWALL jumps ensured without localhost NodePorts, its rules kept`,
+    ignore,
+    fn: () =>
+      withNetns(async (runner) => {
+        const tools = iptablesTools(backend, "IPv4");
+        const ipt = (...args: string[]) => runner.run({ cmd: tools.iptables, args });
+        // kubelet got there first with its own rule in KUBE-FIREWALL (but no jumps yet).
+        await ipt("-t", "filter", "-N", "KUBE-FIREWALL");
+        await ipt(
+          "-t",
+          "filter",
+          "-A",
+          "KUBE-FIREWALL",
+          "-m",
+          "comment",
+          "--comment",
+          "kubelet rule",
+          "-j",
+          "RETURN",
+        );
+        const dp = new IptablesDataplane({
+          family: "IPv4",
+          runner,
+          backend,
+          localDetector: detectLocalByCIDR("10.0.0.0/8"),
+          localhostNodePorts: false,
+        });
+        const states = overallFixture();
+        await dp.sync(snapshot(states));
+        const filter = async () => (await runner.run({ cmd: tools.save, args: ["-t", "filter"] })).stdout;
+        let f = await filter();
+        assert.equal(f.match(/^-A INPUT -j KUBE-FIREWALL$/gm)?.length, 1);
+        assert.equal(f.match(/^-A OUTPUT -j KUBE-FIREWALL$/gm)?.length, 1);
+        assert.match(
+          f.split("\n").find((l) => l.startsWith("-A INPUT "))!,
+          /-j KUBE-FIREWALL$/,
+          "first in INPUT",
+        );
+        assert.ok(f.includes('--comment "kubelet rule" -j RETURN'), "kubelet's rule is not flushed");
+
+        // An external tool deletes one jump; the canary stays, so only the periodic full sync can notice.
+        await ipt(
+          "-t",
+          "nat",
+          "-D",
+          "PREROUTING",
+          "-m",
+          "comment",
+          "--comment",
+          "kubernetes service portals",
+          "-j",
+          "KUBE-SERVICES",
+        );
+        await ipt("-t", "filter", "-D", "OUTPUT", "-j", "KUBE-FIREWALL");
+        assert.equal(await dp.needsFullSync(), false);
+        await dp.sync(snapshot(states)); // periodic: changedServices null
+        const nat = (await runner.run({ cmd: tools.save, args: ["-t", "nat"] })).stdout;
+        assert.equal(nat.match(/^-A PREROUTING .*-j KUBE-SERVICES$/gm)?.length, 1);
+        f = await filter();
+        assert.equal(f.match(/^-A OUTPUT -j KUBE-FIREWALL$/gm)?.length, 1);
+        assert.equal(f.match(/^-A INPUT -j KUBE-FIREWALL$/gm)?.length, 1);
+        assert.equal(f.match(/^-A INPUT .*-j KUBE-EXTERNAL-SERVICES$/gm)?.length, 1, "no duplicates");
+        assert.ok(f.includes('--comment "kubelet rule" -j RETURN'));
+      }),
+  });
+}
