@@ -199,6 +199,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
         }),
         nodePortAddresses: opts.nodePortAddresses,
         localhostNodePorts: cfg.iptables.localhostNodePorts,
+        // A specific bindAddress overrides the Node's IP of its family (upstream detectNodeIPs).
+        nodeIP: cfg.bindAddress,
         syncPeriodMs: opts.syncPeriod,
       }),
     );
