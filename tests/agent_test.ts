@@ -59,8 +59,29 @@ async function until(what: string, cond: () => boolean, timeoutMs = 10_000): Pro
   }
 }
 
-async function startAgent(sim: ApiServerSimulator, runner: RecordingCommandRunner, exits: number[]) {
+interface AgentHarness {
+  sim: ApiServerSimulator;
+  runner: RecordingCommandRunner;
+  /** Exit codes the agent asked for. */
+  exits: number[];
+}
+
+/**
+ * Starts the simulator holding `objects`, runs the whole agent against it with a recording runner (health
+ * and metrics on free loopback ports), runs `body`, and tears everything down.
+ */
+async function withAgent(
+  objects: { services?: Service[]; slices?: EndpointSlice[] },
+  body: (h: AgentHarness) => Promise<void>,
+): Promise<void> {
+  configureLogging({ sink: () => {} });
+  const sim = await ApiServerSimulator.start();
+  sim.upsert("nodes", node);
+  for (const svc of objects.services ?? []) sim.upsert("services", svc);
+  for (const sl of objects.slices ?? []) sim.upsert("endpointslices", sl);
   const kubeconfig = await sim.writeKubeconfig();
+  const runner = new RecordingCommandRunner(responder);
+  const exits: number[] = [];
   const parsed = await parseCommandLine([
     "--kubeconfig",
     kubeconfig,
@@ -76,7 +97,14 @@ async function startAgent(sim: ApiServerSimulator, runner: RecordingCommandRunne
   opts.config.healthzBindAddress = "127.0.0.1:0";
   opts.config.metricsBindAddress = "127.0.0.1:0";
   const agent = await runAgent(opts, { runner, exit: (code) => void exits.push(code) });
-  return { agent, kubeconfig };
+  try {
+    await body({ sim, runner, exits });
+  } finally {
+    await agent.stop();
+    await sim.close();
+    await Deno.remove(kubeconfig);
+    configureLogging({ sink: (l) => console.error(l) });
+  }
 }
 
 Deno.test({
@@ -85,15 +113,10 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   async fn() {
-    configureLogging({ sink: () => {} });
-    const sim = await ApiServerSimulator.start();
-    sim.upsert("nodes", node);
-    sim.upsert("services", service("web", "10.96.0.10"));
-    sim.upsert("endpointslices", slice("web", ["10.244.0.11", "10.244.0.12"]));
-    const runner = new RecordingCommandRunner(responder);
-    const exits: number[] = [];
-    const { agent, kubeconfig } = await startAgent(sim, runner, exits);
-    try {
+    await withAgent({
+      services: [service("web", "10.96.0.10")],
+      slices: [slice("web", ["10.244.0.11", "10.244.0.12"])],
+    }, async ({ sim, runner, exits }) => {
       await until(
         "the first restore",
         () => runner.calls.some((c) => isRestore(c) && c.stdin.includes("10.244.0.12:8080")),
@@ -121,12 +144,7 @@ Deno.test({
       );
       assert.ok(partial.stdin.includes("-X KUBE-SEP-"), "the removed endpoint's chain is deleted");
       assert.deepEqual(exits, []);
-    } finally {
-      await agent.stop();
-      await sim.close();
-      await Deno.remove(kubeconfig);
-      configureLogging({ sink: (l) => console.error(l) });
-    }
+    });
   },
 });
 
@@ -135,50 +153,40 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   async fn() {
-    configureLogging({ sink: () => {} });
-    const sim = await ApiServerSimulator.start();
-    sim.upsert("nodes", node);
-    sim.upsert("services", service("web", "10.96.0.10"));
-    sim.upsert("endpointslices", slice("web", ["10.244.0.11"]));
-    const runner = new RecordingCommandRunner(responder);
-    const exits: number[] = [];
-    const { agent, kubeconfig } = await startAgent(sim, runner, exits);
-    try {
-      await until("the first restore", () => runner.calls.some(isRestore));
-      sim.upsert("services", service("broken", "10.96.0.999"));
-      sim.upsert("services", service("api", "10.96.0.20"));
-      await until(
-        "the api service",
-        () => runner.calls.some((c) => isRestore(c) && c.stdin.includes("demo/api:p")),
-      );
-      const last = runner.calls.filter(isRestore).at(-1)!;
-      assert.ok(!last.stdin.includes("demo/broken"), "the broken service has no rules");
-      await until(
-        "the InvalidService event",
-        () =>
-          sim.list<KubeEvent>("events").some((e) =>
-            e.reason === "InvalidService" && e.regarding?.name === "broken"
-          ),
-      );
-      const starting = sim.list<KubeEvent>("events").find((e) => e.reason === "Starting");
-      assert.equal(starting?.regarding?.kind, "Node");
-      assert.equal(starting?.regarding?.name, "node1");
-      // The web service is still served: every restore since the first keeps its dispatch rule and none
-      // deletes its chain.
-      const webChain = runner.calls.find(isRestore)!.stdin.match(
-        /"demo\/web:p cluster IP".* -j (KUBE-SVC-\w+)/,
-      )?.[1];
-      assert.ok(webChain);
-      for (const c of runner.calls.filter((c) => isRestore(c) && c.cmd.startsWith("iptables"))) {
-        assert.ok(c.stdin.includes(`-j ${webChain}`), "web dispatch rule present in every restore");
-        assert.ok(!c.stdin.includes(`-X ${webChain}`), "web chain never deleted");
-      }
-    } finally {
-      await agent.stop();
-      await sim.close();
-      await Deno.remove(kubeconfig);
-      configureLogging({ sink: (l) => console.error(l) });
-    }
+    await withAgent(
+      { services: [service("web", "10.96.0.10")], slices: [slice("web", ["10.244.0.11"])] },
+      async ({ sim, runner }) => {
+        await until("the first restore", () => runner.calls.some(isRestore));
+        sim.upsert("services", service("broken", "10.96.0.999"));
+        sim.upsert("services", service("api", "10.96.0.20"));
+        await until(
+          "the api service",
+          () => runner.calls.some((c) => isRestore(c) && c.stdin.includes("demo/api:p")),
+        );
+        const last = runner.calls.filter(isRestore).at(-1)!;
+        assert.ok(!last.stdin.includes("demo/broken"), "the broken service has no rules");
+        await until(
+          "the InvalidService event",
+          () =>
+            sim.list<KubeEvent>("events").some((e) =>
+              e.reason === "InvalidService" && e.regarding?.name === "broken"
+            ),
+        );
+        const starting = sim.list<KubeEvent>("events").find((e) => e.reason === "Starting");
+        assert.equal(starting?.regarding?.kind, "Node");
+        assert.equal(starting?.regarding?.name, "node1");
+        // The web service is still served: every restore since the first keeps its dispatch rule and none
+        // deletes its chain.
+        const webChain = runner.calls.find(isRestore)!.stdin.match(
+          /"demo\/web:p cluster IP".* -j (KUBE-SVC-\w+)/,
+        )?.[1];
+        assert.ok(webChain);
+        for (const c of runner.calls.filter((c) => isRestore(c) && c.cmd.startsWith("iptables"))) {
+          assert.ok(c.stdin.includes(`-j ${webChain}`), "web dispatch rule present in every restore");
+          assert.ok(!c.stdin.includes(`-X ${webChain}`), "web chain never deleted");
+        }
+      },
+    );
   },
 });
 
@@ -187,22 +195,11 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   async fn() {
-    configureLogging({ sink: () => {} });
-    const sim = await ApiServerSimulator.start();
-    sim.upsert("nodes", node);
-    const runner = new RecordingCommandRunner(responder);
-    const exits: number[] = [];
-    const { agent, kubeconfig } = await startAgent(sim, runner, exits);
-    try {
+    await withAgent({}, async ({ sim, runner, exits }) => {
       await until("the first restore", () => runner.calls.some(isRestore));
       sim.delete("nodes", undefined, "node1");
       await until("exit", () => exits.length > 0);
       assert.deepEqual(exits, [1]);
-    } finally {
-      await agent.stop();
-      await sim.close();
-      await Deno.remove(kubeconfig);
-      configureLogging({ sink: (l) => console.error(l) });
-    }
+    });
   },
 });
