@@ -173,10 +173,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   const nodeIPs = detectNodeIPs(node, cfg.bindAddress);
   log.info("Successfully retrieved node IP(s)", { IPs: nodeIPs });
 
-  const primaryIP = nodeManager.nodeIPs[0] ?? "127.0.0.1";
-  const primary = familyOf(cfg.bindAddress && cfg.bindAddress !== "0.0.0.0" ? cfg.bindAddress : primaryIP);
   const backend = await detectIptablesBackend(runner); // logs its choice and why
-  const families = await detectFamilies(runner, primary, backend.backend);
+  const families = await detectFamilies(runner, nodeIPs.primaryFamily, backend.backend);
 
   const dataplanes = new Map<IPFamily, Dataplane>();
   for (const family of families) {
