@@ -6,6 +6,10 @@ function permissionFlags(task: string): string[] {
   return task.split(/\s+/).filter((w) => w.startsWith("--allow-"));
 }
 
+function runtimeFlags(task: string): string[] {
+  return task.split(/\s+/).filter((w) => w.startsWith("--v8-flags="));
+}
+
 function allowRun(flags: string[]): Set<string> {
   const flag = flags.find((f) => f.startsWith("--allow-run="));
   return new Set(flag ? flag.slice("--allow-run=".length).split(",") : []);
@@ -18,8 +22,9 @@ async function* sourceFiles(dir: URL): AsyncGenerator<URL> {
   }
 }
 
-Deno.test("start and compile tasks grant exactly the same permissions", () => {
+Deno.test("start and compile tasks grant exactly the same permissions and V8 settings", () => {
   assert.deepEqual(permissionFlags(denoJson.tasks.compile), permissionFlags(denoJson.tasks.start));
+  assert.deepEqual(runtimeFlags(denoJson.tasks.compile), runtimeFlags(denoJson.tasks.start));
   assert.ok(!denoJson.tasks.start.includes("--allow-all"), "the agent must not run with --allow-all");
 });
 
