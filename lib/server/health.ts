@@ -113,7 +113,7 @@ export class ProxyHealthServer extends SingleListenerServer implements ProxyHeal
     counter.inc({ code: ok ? "200" : "503" });
     // Older releases reported the last sync-loop run even when nothing changed; upstream keeps that by
     // reporting "now" while healthy.
-    const lastUpdated = ok ? this.#clock.now() : h.lastUpdated;
+    const lastUpdated = ok ? h.currentTime : h.lastUpdated;
     const body: Record<string, unknown> = {
       lastUpdated: goTimeJSON(lastUpdated),
       currentTime: goTimeJSON(h.currentTime),
