@@ -185,3 +185,13 @@ export function tally(names: string[]): Record<string, number> {
   for (const n of names) out[n] = (out[n] ?? 0) + 1;
   return out;
 }
+
+/**
+ * The KUBE-SVC-/KUBE-SEP- lines (chain declarations and rules, every line that names such a chain) of an
+ * `iptables-save` output, counters removed, so that two dumps compare equal exactly when those rules are.
+ */
+export function serviceChainLines(save: string): string[] {
+  return save.split("\n")
+    .filter((l) => /KUBE-(SVC|SEP)-/.test(l))
+    .map((l) => l.replace(/\s*\[\d+:\d+\]/g, "").trimEnd());
+}

@@ -119,6 +119,11 @@ export interface SimulatorProcessOptions {
   netns?: string;
   /** Manifests (YAML/JSON) loaded before the first request. */
   load?: string[];
+  /**
+   * Port to listen on (the simulator's `--port`); any free port when omitted. A fixed port lets a new
+   * simulator take over the address (and so the kubeconfig URL) of one that was closed.
+   */
+  port?: number;
 }
 
 /** A simulator running as a child process, driven over its stdin/stdout. */
@@ -158,6 +163,7 @@ export class SimulatorProcess {
     const self = new URL(import.meta.url).pathname;
     const args = ["run", "-A", self, "--kubeconfig", kubeconfig];
     for (const f of opts.load ?? []) args.push("--load", f);
+    if (opts.port !== undefined) args.push("--port", String(opts.port));
     const cmd = opts.netns ? "ip" : Deno.execPath();
     const fullArgs = opts.netns ? ["netns", "exec", opts.netns, Deno.execPath(), ...args] : args;
     const child = new Deno.Command(cmd, {
