@@ -161,7 +161,7 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
   // ReflectorStore
 
   /** @internal Replaces the cache with a list result, emitting only the differences. */
-  replace(items: T[], _rv: string): void {
+  replace(items: T[], _rv: string, historyReset = false): void {
     const initial = !this.synced;
     const seen = new Set<string>();
     for (const obj of items) {
@@ -171,7 +171,8 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
       const old = this.cache.get(key);
       this.cache.set(key, obj);
       if (!old) this.dispatch("onAdd", (h) => h.onAdd?.(obj, initial));
-      else if (old.metadata?.resourceVersion !== obj.metadata?.resourceVersion) {
+      else if (historyReset || old.metadata?.resourceVersion !== obj.metadata?.resourceVersion) {
+        // After a history reset every object is delivered as an update: handlers drop the no-op ones.
         this.dispatch("onUpdate", (h) => h.onUpdate?.(old, obj));
       }
     }

@@ -7,7 +7,9 @@
  * - The watch starts from the list's resourceVersion with `allowWatchBookmarks=true` and a random
  *   `timeoutSeconds` in [minWatchTimeout, 2*minWatchTimeout) (300-600 s as client-go).
  * - A clean end of the stream re-watches from the last resourceVersion seen (bookmarks included), no list.
- * - 410 Gone/Expired (HTTP, or an ERROR event with code 410) gives exactly one relist.
+ * - 410 Gone/Expired (HTTP, or an ERROR event with code 410) gives exactly one relist; so does a 504
+ *   "Too large resource version" (the server is behind us: restored from a backup, or replaced), with no
+ *   resourceVersion, as client-go does.
  * - Network errors, 5xx, 429, 401/403 and an inactive (half-open) stream back off exponentially with jitter
  *   (800 ms doubling to 30 s by default), then re-watch; a malformed line is logged and answered by a relist.
  * @module
@@ -25,8 +27,11 @@ import {
 
 /** Receives what the reflector learns; the Informer implements it. */
 export interface ReflectorStore<T> {
-  /** The full state from a (re)list, and its resourceVersion. */
-  replace(items: T[], resourceVersion: string): void;
+  /**
+   * The full state from a (re)list, and its resourceVersion. `historyReset` says the server's
+   * resourceVersions started over (restored or replaced): equal resourceVersions then prove nothing.
+   */
+  replace(items: T[], resourceVersion: string, historyReset?: boolean): void;
   /** ADDED or MODIFIED from the watch. */
   upsert(obj: T): void;
   /** DELETED from the watch (the object's last state). */
@@ -103,6 +108,17 @@ function isExpired(e: unknown): boolean {
   return e instanceof KubeApiError && (e.code === 410 || e.reason === "Expired" || e.reason === "Gone");
 }
 
+/**
+ * The API server has not reached the resourceVersion asked for: it was restored from an older etcd backup,
+ * or replaced. client-go then relists with no resourceVersion; re-watching from ours would never converge.
+ */
+function isTooLargeResourceVersion(e: unknown): boolean {
+  if (!(e instanceof KubeApiError)) return false;
+  const causes = (e.status as { details?: { causes?: { reason?: string }[] } } | undefined)?.details?.causes;
+  return causes?.some((c) => c.reason === "ResourceVersionTooLarge") === true ||
+    /too large resource version/i.test(e.message);
+}
+
 /** Runs list/watch for one resource into a {@link ReflectorStore}. */
 export class Reflector<T extends KubeObject> {
   /** resourceVersion of the last list, event or bookmark. */
@@ -129,11 +145,13 @@ export class Reflector<T extends KubeObject> {
   async run(signal: AbortSignal): Promise<void> {
     let needList = true;
     let listRv = "0";
+    let historyReset = false;
     while (!signal.aborted) {
       try {
         if (needList) {
-          await this.listAll(listRv, signal);
+          await this.listAll(listRv, signal, historyReset);
           needList = false;
+          historyReset = false;
           this.backoff.reset();
         }
         const started = performance.now();
@@ -153,6 +171,15 @@ export class Reflector<T extends KubeObject> {
           });
           needList = true;
           listRv = "";
+          continue;
+        }
+        if (isTooLargeResourceVersion(e)) {
+          this.log.info("API server is behind our resourceVersion (restored or replaced?), relisting", {
+            resourceVersion: this.lastResourceVersion,
+          });
+          needList = true;
+          listRv = "";
+          historyReset = true;
           continue;
         }
         if (e instanceof WatchDecodeError) {
@@ -184,7 +211,7 @@ export class Reflector<T extends KubeObject> {
     }
   }
 
-  private async listAll(rv: string, signal: AbortSignal): Promise<void> {
+  private async listAll(rv: string, signal: AbortSignal, historyReset = false): Promise<void> {
     this.counts.lists++;
     const items: T[] = [];
     let cont: string | undefined;
@@ -208,7 +235,7 @@ export class Reflector<T extends KubeObject> {
     if (signal.aborted) return;
     this.log.v(2).info("Listed", { items: items.length, resourceVersion: listRv });
     this.lastResourceVersion = listRv;
-    this.store.replace(items, listRv);
+    this.store.replace(items, listRv, historyReset);
   }
 
   /** One watch; returns the number of events (including bookmarks) when the stream ends cleanly. */

@@ -158,15 +158,9 @@ Deno.test({
         name: `a new API server on the same address with changed state is picked up within ${
           CONVERGE_MS / 1000
         } s`,
-        // AGENT BUG (lib/kube/reflector.ts): after the outage each reflector only re-watches from its last
-        // resourceVersion. A replacement server whose resourceVersions started over below it accepts that
-        // watch and sends nothing newer (the simulator has no "too large resource version" error; a real
-        // apiserver answers it with 504 Timeout/ResourceVersionTooLarge, which the reflector also just
-        // retries), so no relist ever happens: the new server saw 0 lists and 3 open watches, the agent
-        // logged nothing, and 45 s later "web" still balanced to the removed pod-b and 10.96.0.20 had no
-        // rules. client-go relists on such watch errors, and after "too large" with resourceVersion "".
-        // Un-ignore once the agent relists after reconnecting to a server that restarted its history.
-        ignore: true,
+        // The replacement server's resourceVersions started over below the agent's: it answers the agent's
+        // watch with 504 "Too large resource version" (as kube-apiserver does after an etcd restore), and
+        // the reflector relists with no resourceVersion, as client-go.
         fn: async () => {
           // Changed state: pod-b left "web", and a new Service "extra" (pod-c) exists.
           const objs: KubeObject[] = [

@@ -173,6 +173,21 @@ const REASONS: Record<number, string> = {
   504: "Timeout",
 };
 
+/**
+ * What kube-apiserver answers (after waiting up to 3 s) for a list or watch from a resourceVersion it has not
+ * reached, e.g. after an etcd restore: 504 with cause ResourceVersionTooLarge.
+ */
+function tooLargeResourceVersion(asked: number, current: number): Response {
+  const body: Status & { details: unknown } = {
+    ...statusBody(504, "Timeout", `Too large resource version: ${asked}, current: ${current}`),
+    details: {
+      causes: [{ reason: "ResourceVersionTooLarge", message: "Too large resource version" }],
+      retryAfterSeconds: 1,
+    },
+  };
+  return new Response(JSON.stringify(body), { status: 504, headers: { "Content-Type": "application/json" } });
+}
+
 function statusResponse(code: number, message?: string): Response {
   const reason = REASONS[code] ?? "Unknown";
   return new Response(JSON.stringify(statusBody(code, reason, message ?? reason)), {
@@ -748,6 +763,8 @@ export class ApiServerSimulator {
     const store = this.store(p.resource);
     const match = this.matcher(p, q);
     const limit = Number(q.get("limit") ?? "0");
+    const askedRv = Number(q.get("resourceVersion") || "0");
+    if (askedRv > this.rv) return tooLargeResourceVersion(askedRv, this.rv);
     let startAfter = "";
     let listRv = this.rv;
     const cont = q.get("continue");
@@ -816,6 +833,7 @@ export class ApiServerSimulator {
     if (fromRv !== undefined && !Number.isFinite(fromRv)) {
       throw new HttpError(400, `invalid resource version: ${rvParam}`);
     }
+    if (fromRv !== undefined && fromRv > this.rv) return tooLargeResourceVersion(fromRv, this.rv);
     const expired = fromRv !== undefined && fromRv < store.compactedRv;
     if (expired && this.opts.expiredAs === "http") {
       return statusResponse(410, `too old resource version: ${fromRv} (${store.compactedRv})`);
