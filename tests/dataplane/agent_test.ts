@@ -13,32 +13,23 @@ import { agentCommand } from "../support/agent_command.ts";
 import { SimulatorProcess } from "../support/apiserver_process.ts";
 import type { Probe } from "../support/probe.ts";
 import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../support/sandbox.ts";
-import { endpointSlice, eventually, nodeObject, service, sleep, tally } from "./helpers.ts";
+import {
+  endpointSlice,
+  eventually,
+  nodeObject,
+  service,
+  sleep,
+  startSandboxAgent,
+  tally,
+} from "./helpers.ts";
 
 const unavailable = sandboxUnavailableReason(["ip", "iptables", "iptables-save", "conntrack", "sysctl"]);
 const NODE = "node1";
 const OTHER_NODE = "node2";
 const SYNC_PERIOD_S = 5;
 
-function agentArgs(kubeconfig: string): string[] {
-  return [
-    "--kubeconfig",
-    kubeconfig,
-    "--hostname-override",
-    NODE,
-    "--cluster-cidr",
-    "10.244.0.0/16",
-    `--iptables-sync-period=${SYNC_PERIOD_S}s`,
-    "--iptables-min-sync-period=0s",
-    // 0 leaves nf_conntrack_max alone (it is global to the host, not per namespace).
-    "--conntrack-max-per-core=0",
-    "-v=2",
-  ];
-}
-
 function startAgent(sb: Sandbox, kubeconfig: string): SandboxProcess {
-  const [cmd, ...args] = agentCommand(agentArgs(kubeconfig));
-  return sb.spawn(sb.node, cmd, args);
+  return startSandboxAgent(sb, kubeconfig, { nodeName: NODE, syncPeriodS: SYNC_PERIOD_S });
 }
 
 /** Waits until the agent's rules carry the "web" ClusterIP; fails at once if the agent exits. */

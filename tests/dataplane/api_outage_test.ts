@@ -7,7 +7,6 @@
  */
 
 import assert from "node:assert/strict";
-import { agentCommand } from "../support/agent_command.ts";
 import { SimulatorProcess } from "../support/apiserver_process.ts";
 import type { Probe } from "../support/probe.ts";
 import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../support/sandbox.ts";
@@ -19,6 +18,7 @@ import {
   service,
   serviceChainLines,
   sleep,
+  startSandboxAgent,
   tally,
 } from "./helpers.ts";
 
@@ -40,20 +40,7 @@ const SERVER_BACK_BEFORE_MS = 5600;
 const CONVERGE_MS = 15_000;
 
 function startAgent(sb: Sandbox, kubeconfig: string): SandboxProcess {
-  const [cmd, ...args] = agentCommand([
-    "--kubeconfig",
-    kubeconfig,
-    "--hostname-override",
-    NODE,
-    "--cluster-cidr",
-    "10.244.0.0/16",
-    `--iptables-sync-period=${SYNC_PERIOD_S}s`,
-    "--iptables-min-sync-period=0s",
-    // 0 leaves nf_conntrack_max alone (it is global to the host, not per namespace).
-    "--conntrack-max-per-core=0",
-    "-v=2",
-  ]);
-  return sb.spawn(sb.node, cmd, args);
+  return startSandboxAgent(sb, kubeconfig, { nodeName: NODE, syncPeriodS: SYNC_PERIOD_S });
 }
 
 /** Pod names answering `count` sequential TCP probes (or outcomes like `timeout`). */

@@ -15,7 +15,6 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { agentCommand } from "../support/agent_command.ts";
 import { SimulatorProcess } from "../support/apiserver_process.ts";
 import type { Probe } from "../support/probe.ts";
 import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../support/sandbox.ts";
@@ -26,6 +25,7 @@ import {
   NS,
   type PortSpec,
   service,
+  startSandboxAgent,
   tally,
 } from "./helpers.ts";
 
@@ -107,18 +107,10 @@ Deno.test({
       await sim.upsert(v4Slice([a.ip, b.ip]));
       await sim.upsert(v6Slice([a6, b6]));
 
-      const [cmd, ...args] = agentCommand([
-        "--kubeconfig",
-        sim.kubeconfig,
-        "--hostname-override",
-        NODE,
-        `--cluster-cidr=10.244.0.0/16,fd00:10:244::/56`,
-        "--iptables-sync-period=5s",
-        "--iptables-min-sync-period=0s",
-        "--conntrack-max-per-core=0",
-        "-v=2",
-      ]);
-      agent = sb.spawn(sb.node, cmd, args);
+      agent = startSandboxAgent(sb, sim.kubeconfig, {
+        nodeName: NODE,
+        clusterCIDR: "10.244.0.0/16,fd00:10:244::/56",
+      });
       const [pc, px] = await Promise.all([sb.probe(sb.client), sb.probe(x.ns)]);
       let exited = false;
       agent.status.then(() => exited = true);

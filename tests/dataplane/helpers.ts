@@ -4,6 +4,8 @@
  */
 
 import type { EndpointSlice, Node, Service, ServicePort } from "../../lib/kube/types.ts";
+import { agentCommand } from "../support/agent_command.ts";
+import type { Sandbox, SandboxProcess } from "../support/sandbox.ts";
 
 /** The test namespace of every object. */
 export const NS = "dp";
@@ -194,4 +196,38 @@ export function serviceChainLines(save: string): string[] {
   return save.split("\n")
     .filter((l) => /KUBE-(SVC|SEP)-/.test(l))
     .map((l) => l.replace(/\s*\[\d+:\d+\]/g, "").trimEnd());
+}
+
+/** Options of {@linkcode startSandboxAgent}. */
+export interface SandboxAgentOptions {
+  /** Node name (`--hostname-override`). */
+  nodeName: string;
+  /** `--cluster-cidr` (comma-separated for dual-stack). @default "10.244.0.0/16" */
+  clusterCIDR?: string;
+  /** `--iptables-sync-period` in seconds. @default 5 */
+  syncPeriodS?: number;
+}
+
+/**
+ * Starts the real agent in the sandbox's node namespace, with the `start` task's exact permissions, against
+ * the simulator behind `kubeconfig`: no min sync period, `-v=2`, and nf_conntrack_max left alone (it is not
+ * per namespace, so a test must not change the host's).
+ */
+export function startSandboxAgent(
+  sb: Sandbox,
+  kubeconfig: string,
+  opts: SandboxAgentOptions,
+): SandboxProcess {
+  const [cmd, ...args] = agentCommand([
+    "--kubeconfig",
+    kubeconfig,
+    "--hostname-override",
+    opts.nodeName,
+    `--cluster-cidr=${opts.clusterCIDR ?? "10.244.0.0/16"}`,
+    `--iptables-sync-period=${opts.syncPeriodS ?? 5}s`,
+    "--iptables-min-sync-period=0s",
+    "--conntrack-max-per-core=0",
+    "-v=2",
+  ]);
+  return sb.spawn(sb.node, cmd, args);
 }
