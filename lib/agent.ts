@@ -16,7 +16,7 @@ import {
   isLoopback,
   newNodePortAddresses,
   nodeIPsMatching,
-  parseIpAddrJson,
+  readLocalAddresses,
 } from "./iptables/nodeport_addresses.ts";
 import { createKubeClient, type KubeClient } from "./kube/client.ts";
 import { EventRecorder, nodeRef } from "./kube/events.ts";
@@ -30,6 +30,7 @@ import { KubeConfigError } from "./kube/kubeconfig.ts";
 import type { Node } from "./kube/types.ts";
 import { log } from "./log.ts";
 import { detectNodeIPs, NodeManager } from "./proxy/node_manager.ts";
+import { familyOf } from "./proxy/ip.ts";
 import { Proxier } from "./proxy/proxier.ts";
 import type { Dataplane, IPFamily } from "./proxy/types.ts";
 import { ProxyHealthServer } from "./server/health.ts";
@@ -49,8 +50,6 @@ export interface RunningAgent {
   /** Resolves when the agent stops (signal or fatal error), with the exit code. */
   done: Promise<number>;
 }
-
-const familyOf = (ip: string): IPFamily => (ip.includes(":") ? "IPv6" : "IPv4");
 
 /**
  * `--cleanup`: removes the rules of every mode and returns the exit code (0, or 1 if anything failed).
@@ -87,11 +86,6 @@ async function detectFamilies(runner: CommandRunner, primary: IPFamily, backend:
   if (r.code === 0) families.push(secondary);
   else log.info("Secondary IP family not usable, running single-stack", { family: secondary });
   return families;
-}
-
-async function localAddresses(runner: CommandRunner, family: IPFamily): Promise<string[]> {
-  const r = await runner.tryRun({ cmd: "ip", args: ["-j", family === "IPv6" ? "-6" : "-4", "addr", "show"] });
-  return r.code === 0 ? parseIpAddrJson(r.stdout, family) : [];
 }
 
 /**
@@ -247,7 +241,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     if (npa.matchAll) {
       hcAddresses.push(family === "IPv6" ? "::" : "0.0.0.0");
     } else {
-      const addrs = await localAddresses(runner, family);
+      const addrs = await readLocalAddresses(runner, family).catch(() => []);
       hcAddresses.push(...nodeIPsMatching(npa, addrs).filter((ip) => !isLoopback(ip)));
     }
   }

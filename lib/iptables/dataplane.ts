@@ -34,7 +34,7 @@ import {
   nodeIPsMatching,
   type NodePortAddresses,
   parseIP,
-  parseIpAddrJson,
+  readLocalAddresses,
 } from "./nodeport_addresses.ts";
 import {
   filterHeadRules,
@@ -475,11 +475,7 @@ export class IptablesDataplane implements Dataplane {
     let addrs = this.opts.nodeAddresses;
     if (!addrs) {
       try {
-        const r = await this.runner.run({
-          cmd: "ip",
-          args: ["-j", this.family === "IPv6" ? "-6" : "-4", "addr", "show"],
-        });
-        addrs = parseIpAddrJson(r.stdout, this.family);
+        addrs = await readLocalAddresses(this.runner, this.family);
       } catch (err) {
         this.log.error(
           "Failed to get node ip address matching nodeport cidrs, services with nodeport may not work as intended",

@@ -4,6 +4,7 @@
  * @module
  */
 
+import type { CommandRunner } from "../exec.ts";
 import type { IPFamily } from "../proxy/types.ts";
 
 /** Parses an IPv4 or IPv6 address into a bigint (128-bit for v6); null when invalid. */
@@ -134,6 +135,15 @@ export function parseIpAddrJson(json: string, family: IPFamily): string[] {
     }
   }
   return out;
+}
+
+/**
+ * The local addresses of a family, from `ip -j addr show` (upstream reads the interfaces the same way).
+ * @throws {CommandError} When `ip` fails.
+ */
+export async function readLocalAddresses(runner: CommandRunner, family: IPFamily): Promise<string[]> {
+  const r = await runner.run({ cmd: "ip", args: ["-j", family === "IPv6" ? "-6" : "-4", "addr", "show"] });
+  return parseIpAddrJson(r.stdout, family);
 }
 
 /** Node addresses inside the CIDRs, in interface order, deduplicated (upstream `GetNodeIPs`). */
