@@ -8,7 +8,7 @@
  * @module
  */
 import { cleanupStale, Sandbox, sandboxUnavailableReason } from "../tests/support/sandbox.ts";
-import { SimulatorProcess } from "../tests/support/apiserver_process.ts";
+import { readManifest, SimulatorProcess } from "../tests/support/apiserver_process.ts";
 import { agentCommand, PROJECT_ROOT } from "../tests/support/agent_command.ts";
 import type { EndpointSlice } from "../lib/kube/types.ts";
 import type { Probe } from "../tests/support/probe.ts";
@@ -162,7 +162,6 @@ async function main() {
   }
 
   async function readWebSlice(): Promise<EndpointSlice> {
-    const { readManifest } = await import("../tests/support/apiserver_process.ts");
     const objs = await readManifest(`${PROJECT_ROOT}examples/web.yaml`);
     return objs.find((o) => o.kind === "EndpointSlice") as EndpointSlice;
   }

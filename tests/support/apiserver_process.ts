@@ -67,47 +67,39 @@ async function serve(args: string[]): Promise<void> {
   const enc = new TextEncoder();
   const reply = (v: unknown) => out.write(enc.encode(JSON.stringify(v) + "\n"));
   await reply({ ready: true, url: sim.url });
-  const lines = Deno.stdin.readable.pipeThrough(new TextDecoderStream());
-  let buf = "";
-  for await (const chunk of lines) {
-    buf += chunk;
-    let nl;
-    while ((nl = buf.indexOf("\n")) >= 0) {
-      const line = buf.slice(0, nl);
-      buf = buf.slice(nl + 1);
-      if (!line.trim()) continue;
-      const req = JSON.parse(line) as ControlRequest;
-      try {
-        let result: unknown = null;
-        switch (req.op) {
-          case "upsert":
-            result = sim.upsert(req.resource, req.obj).metadata?.resourceVersion;
-            break;
-          case "upsertMany":
-            sim.upsertMany(req.resource, req.objs);
-            break;
-          case "delete":
-            result = sim.delete(req.resource, req.namespace, req.name);
-            break;
-          case "list":
-            result = sim.list(req.resource);
-            break;
-          case "stats":
-            result = {
-              lists: sim.stats.lists(),
-              watches: sim.stats.watches(),
-              openWatches: sim.openWatches(),
-              rv: sim.rv,
-            };
-            break;
-          case "dropWatches":
-            sim.faults.dropWatches();
-            break;
-        }
-        await reply({ id: req.id, ok: true, result });
-      } catch (err) {
-        await reply({ id: req.id, ok: false, error: String(err) });
+  for await (const line of splitLines(Deno.stdin.readable)) {
+    if (!line.trim()) continue;
+    const req = JSON.parse(line) as ControlRequest;
+    try {
+      let result: unknown = null;
+      switch (req.op) {
+        case "upsert":
+          result = sim.upsert(req.resource, req.obj).metadata?.resourceVersion;
+          break;
+        case "upsertMany":
+          sim.upsertMany(req.resource, req.objs);
+          break;
+        case "delete":
+          result = sim.delete(req.resource, req.namespace, req.name);
+          break;
+        case "list":
+          result = sim.list(req.resource);
+          break;
+        case "stats":
+          result = {
+            lists: sim.stats.lists(),
+            watches: sim.stats.watches(),
+            openWatches: sim.openWatches(),
+            rv: sim.rv,
+          };
+          break;
+        case "dropWatches":
+          sim.faults.dropWatches();
+          break;
       }
+      await reply({ id: req.id, ok: true, result });
+    } catch (err) {
+      await reply({ id: req.id, ok: false, error: String(err) });
     }
   }
   await sim.close();
