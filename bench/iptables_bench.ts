@@ -10,13 +10,13 @@
  * fresh process (RSS/heap/external before and after caching the blocks, peak RSS over 5 full builds).
  */
 import { DenoCommandRunner, RecordingCommandRunner } from "../lib/exec.ts";
-import { IptablesDataplane } from "../lib/iptables/dataplane.ts";
-import type { IptablesBackend } from "../lib/iptables/backend.ts";
-import { detectLocalByCIDR } from "../lib/iptables/local_detector.ts";
+import { IptablesDataplane } from "../lib/dataplane/iptables/dataplane.ts";
+import type { IptablesBackend } from "../lib/dataplane/iptables/backend.ts";
+import { detectLocalByCIDR } from "../lib/dataplane/iptables/local_detector.ts";
 import { configureLogging } from "../lib/log.ts";
 import type { ServicePortState } from "../lib/proxy/types.ts";
-import { makeState, snapshot } from "../tests/iptables/fixtures.ts";
-import { NetnsRunner } from "../tests/iptables/netns.ts";
+import { makeState, snapshot } from "../testkit/fixtures.ts";
+import { NetnsRunner } from "../testkit/netns.ts";
 
 configureLogging({ sink: () => {} });
 

@@ -5,7 +5,7 @@
  * Run: `deno run -A --v8-flags=--expose-gc bench/memory_probe.ts [services] [endpoints]`
  */
 import type { CommandResult, CommandRunner, CommandSpec } from "../lib/exec.ts";
-import { IptablesDataplane } from "../lib/iptables/dataplane.ts";
+import { IptablesDataplane } from "../lib/dataplane/iptables/dataplane.ts";
 import { type Informer, newEndpointSliceInformer, newServiceInformer } from "../lib/kube/informer.ts";
 import type { EndpointSlice, KubeObject, Service } from "../lib/kube/types.ts";
 import { configureLogging } from "../lib/log.ts";

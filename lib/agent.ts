@@ -9,15 +9,15 @@ import { cleanupLeftovers } from "./cleanup.ts";
 import { applyOOMScoreAdj, setupConntrack } from "./conntrack/sysctls.ts";
 import { cleanStaleUDPConntrack } from "./conntrack/cleanup.ts";
 import { type CommandRunner, DenoCommandRunner } from "./exec.ts";
-import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "./iptables/backend.ts";
-import { IptablesDataplane } from "./iptables/dataplane.ts";
-import { type DetectLocalMode, newLocalDetector } from "./iptables/local_detector.ts";
+import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "./dataplane/iptables/backend.ts";
+import { IptablesDataplane } from "./dataplane/iptables/dataplane.ts";
+import { type DetectLocalMode, newLocalDetector } from "./dataplane/iptables/local_detector.ts";
 import {
   isLoopback,
   newNodePortAddresses,
   nodeIPsMatching,
   readLocalAddresses,
-} from "./iptables/nodeport_addresses.ts";
+} from "./net/node_addresses.ts";
 import { createKubeClient, type KubeClient } from "./kube/client.ts";
 import { EventRecorder, nodeRef } from "./kube/events.ts";
 import {
@@ -30,7 +30,7 @@ import { KubeConfigError } from "./kube/kubeconfig.ts";
 import type { Node } from "./kube/types.ts";
 import { log } from "./log.ts";
 import { detectNodeIPs, NodeManager } from "./proxy/node_manager.ts";
-import { familyOf } from "./proxy/ip.ts";
+import { familyOf } from "./net/ip.ts";
 import { Proxier } from "./proxy/proxier.ts";
 import type { Dataplane, IPFamily } from "./proxy/types.ts";
 import { ProxyHealthServer } from "./server/health.ts";

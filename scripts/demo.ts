@@ -7,11 +7,11 @@
  * Run as root: `bash scripts/demo.sh` (or `deno task demo` once Deno is installed).
  * @module
  */
-import { cleanupStale, Sandbox, sandboxUnavailableReason } from "../tests/support/sandbox.ts";
-import { readManifest, SimulatorProcess } from "../tests/support/apiserver_process.ts";
-import { agentCommand, PROJECT_ROOT } from "../tests/support/agent_command.ts";
+import { cleanupStale, Sandbox, sandboxUnavailableReason } from "../testkit/sandbox.ts";
+import { readManifest, SimulatorProcess } from "../testkit/apiserver_process.ts";
+import { agentCommand, PROJECT_ROOT } from "../testkit/agent_command.ts";
 import type { EndpointSlice } from "../lib/kube/types.ts";
-import type { Probe } from "../tests/support/probe.ts";
+import type { Probe } from "../testkit/probe.ts";
 
 const WEB_VIP = "10.96.0.10";
 const DNS_VIP = "10.96.0.53";

@@ -24,7 +24,7 @@
  * Must run as root. Everything happens in `dkp-scale-<pid>`, deleted afterwards, also on SIGINT/SIGTERM.
  * @module
  */
-import { SimulatorProcess } from "../tests/support/apiserver_process.ts";
+import { SimulatorProcess } from "../testkit/apiserver_process.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
 import { IpPool, makeNode, makeService, makeSlice, TARGET_PORT } from "./scale_objects.ts";
 import { type Call, NodeNamespace, parseCalls, writeWrappers } from "./scale_netns.ts";

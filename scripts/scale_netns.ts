@@ -49,7 +49,7 @@ export class NodeNamespace {
       await sh("ip", ["-n", name, "addr", "add", `${nodeIP}/24`, "dev", "veth0"]);
       await sh("ip", ["-n", name, "link", "set", "veth0", "up"]);
       await sh("ip", ["-n", name, "link", "set", "veth1", "up"]);
-      // lib/iptables/backend.ts: kubelet's hint chain in the backend's mangle table decides.
+      // lib/dataplane/iptables/backend.ts: kubelet's hint chain in the backend's mangle table decides.
       await sh("ip", [
         "netns",
         "exec",

@@ -9,7 +9,7 @@ import { parseCommandLine } from "../lib/config/command.ts";
 import { type RecordedCall, RecordingCommandRunner } from "../lib/exec.ts";
 import { configureLogging } from "../lib/log.ts";
 import type { EndpointSlice, KubeEvent, Node, Service } from "../lib/kube/types.ts";
-import { ApiServerSimulator } from "./support/apiserver.ts";
+import { ApiServerSimulator } from "../testkit/apiserver.ts";
 
 const node: Node = {
   apiVersion: "v1",

@@ -20,11 +20,8 @@
 import type { CommandRunner } from "../exec.ts";
 import { log } from "../log.ts";
 import type { IPFamily, ProxySnapshot } from "../proxy/types.ts";
-import {
-  conntrackReconcilerDeletedEntriesTotal,
-  conntrackReconcilerSyncDuration,
-} from "../server/metrics.ts";
-import { parseIP } from "../iptables/nodeport_addresses.ts";
+import { conntrackReconcilerDeletedEntriesTotal, conntrackReconcilerSyncDuration } from "../metrics.ts";
+import { parseIP } from "../net/node_addresses.ts";
 
 /** One conntrack entry: original and reply tuples. */
 export interface ConntrackFlow {

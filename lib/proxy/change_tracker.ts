@@ -12,7 +12,7 @@ import {
   endpointChangesTotal,
   serviceChangesPending,
   serviceChangesTotal,
-} from "../server/metrics.ts";
+} from "../metrics.ts";
 import {
   endpointListsEqual,
   EndpointSliceCache,

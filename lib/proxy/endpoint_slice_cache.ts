@@ -10,7 +10,7 @@
  */
 import { type EndpointSlice, LABEL_SERVICE_NAME } from "../kube/types.ts";
 import { log } from "../log.ts";
-import { familyOf, joinHostPort } from "./ip.ts";
+import { familyOf, joinHostPort } from "../net/ip.ts";
 import type { EndpointInfo, IPFamily, Protocol } from "./types.ts";
 
 /** Key of a port inside one Service: `portName/protocol` (the ServicePortName minus the Service). */

@@ -9,7 +9,7 @@ import type { Node } from "../kube/types.ts";
 import { LABEL_TOPOLOGY_ZONE } from "../kube/types.ts";
 import { log } from "../log.ts";
 import { type Clock, realClock } from "./clock.ts";
-import { parseIP } from "./ip.ts";
+import { parseIP } from "../net/ip.ts";
 import type { IPFamily } from "./types.ts";
 
 /** Taint set by the Cluster Autoscaler before it deletes a node. */

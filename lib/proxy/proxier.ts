@@ -22,9 +22,7 @@ import {
   syncProxyRulesDuration,
   syncProxyRulesLastQueuedTimestamp,
   syncProxyRulesLastTimestamp,
-} from "../server/metrics.ts";
-import type { ProxyHealthUpdater } from "../server/health.ts";
-import type { ServiceHealthUpdater } from "../server/service_health.ts";
+} from "../metrics.ts";
 import { EndpointsChangeTracker, ServiceChangeTracker } from "./change_tracker.ts";
 import { type Clock, realClock, type TimerId } from "./clock.ts";
 import { portKey } from "./endpoint_slice_cache.ts";
@@ -37,7 +35,9 @@ import type {
   EndpointInfo,
   IPFamily,
   NodeState,
+  ProxyHealthUpdater,
   ProxySnapshot,
+  ServiceHealthUpdater,
   ServicePortState,
   SyncResult,
 } from "./types.ts";

@@ -9,7 +9,7 @@
  */
 import type { Service, ServicePort } from "../kube/types.ts";
 import { log } from "../log.ts";
-import { parseCIDR, parseIP } from "./ip.ts";
+import { parseCIDR, parseIP } from "../net/ip.ts";
 import { type IPFamily, type Protocol, type ServicePortInfo, servicePortNameString } from "./types.ts";
 
 /** Reports a Service whose spec could not be fully used; `reason` is a human-readable sentence. */

@@ -140,3 +140,21 @@ export interface Dataplane {
    */
   needsFullSync?(): Promise<boolean>;
 }
+
+/** The updates the proxier reports (also implemented by test doubles). */
+export interface ProxyHealthUpdater {
+  /** A change for `family` was queued and is not applied yet. */
+  queuedUpdate(family: IPFamily): void;
+  /** `family` was synced successfully. */
+  updated(family: IPFamily): void;
+  /** Proxy health ignoring node eligibility. */
+  isHealthy(): boolean;
+}
+
+/** What the proxier pushes after each sync (implemented by test doubles too). */
+export interface ServiceHealthUpdater {
+  /** The wanted health-check node port per Service `ns/name`. */
+  syncServices(ports: ReadonlyMap<string, number>): void;
+  /** The number of local ready endpoints (distinct IPs) per Service `ns/name`. */
+  syncEndpoints(counts: ReadonlyMap<string, number>): void;
+}

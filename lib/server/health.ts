@@ -10,9 +10,9 @@
 import type { Node } from "../kube/types.ts";
 import { type Clock, realClock } from "../proxy/clock.ts";
 import { nodeEligible } from "../proxy/node_manager.ts";
-import type { IPFamily } from "../proxy/types.ts";
+import type { IPFamily, ProxyHealthUpdater } from "../proxy/types.ts";
 import { type BindOptions, SingleListenerServer } from "./listen.ts";
-import { proxyHealthzTotal, proxyLivezTotal } from "./metrics.ts";
+import { proxyHealthzTotal, proxyLivezTotal } from "../metrics.ts";
 
 /** Go's JSON encoding of a `time.Time` in UTC (RFC 3339 with trimmed fraction); ms 0 gives Go's zero time. */
 export function goTimeJSON(ms: number | null): string {
@@ -34,16 +34,6 @@ export interface ProxyHealth {
   currentTime: number;
   healthy: boolean;
   status: Map<IPFamily, ProxierHealth>;
-}
-
-/** The updates the proxier reports (also implemented by test doubles). */
-export interface ProxyHealthUpdater {
-  /** A change for `family` was queued and is not applied yet. */
-  queuedUpdate(family: IPFamily): void;
-  /** `family` was synced successfully. */
-  updated(family: IPFamily): void;
-  /** Proxy health ignoring node eligibility. */
-  isHealthy(): boolean;
 }
 
 /** Options of {@linkcode ProxyHealthServer}. */

@@ -5,7 +5,7 @@
  * @module
  */
 import { type BindOptions, SingleListenerServer } from "./listen.ts";
-import { registry } from "./metrics.ts";
+import { registry } from "../metrics.ts";
 
 /** Options of {@linkcode MetricsServer}. */
 export interface MetricsServerOptions extends BindOptions {

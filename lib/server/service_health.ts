@@ -12,14 +12,7 @@
  */
 import { log } from "../log.ts";
 import { serveOn } from "./listen.ts";
-
-/** What the proxier pushes after each sync (implemented by test doubles too). */
-export interface ServiceHealthUpdater {
-  /** The wanted health-check node port per Service `ns/name`. */
-  syncServices(ports: ReadonlyMap<string, number>): void;
-  /** The number of local ready endpoints (distinct IPs) per Service `ns/name`. */
-  syncEndpoints(counts: ReadonlyMap<string, number>): void;
-}
+import type { ServiceHealthUpdater } from "../proxy/types.ts";
 
 /** Options of {@linkcode ServiceHealthServer}. */
 export interface ServiceHealthServerOptions {

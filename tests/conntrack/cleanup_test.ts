@@ -8,8 +8,8 @@ import {
   staleUDPFlows,
 } from "../../lib/conntrack/cleanup.ts";
 import { configureLogging } from "../../lib/log.ts";
-import { makeState, snapshot } from "../iptables/fixtures.ts";
-import { canUseNetns, withNetns } from "../iptables/netns.ts";
+import { makeState, snapshot } from "../../testkit/fixtures.ts";
+import { canUseNetns, withNetns } from "../../testkit/netns.ts";
 
 configureLogging({ sink: () => {} });
 

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { ApiServerSimulator, parseFieldSelector, parseLabelSelector } from "../support/apiserver.ts";
+import { ApiServerSimulator, parseFieldSelector, parseLabelSelector } from "../../testkit/apiserver.ts";
 import { KubeApiError, KubeClient } from "../../lib/kube/client.ts";
 import type { Service } from "../../lib/kube/types.ts";
 import { svc } from "./helpers.ts";

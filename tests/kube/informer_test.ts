@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { ApiServerSimulator } from "../support/apiserver.ts";
+import { ApiServerSimulator } from "../../testkit/apiserver.ts";
 import { KubeClient } from "../../lib/kube/client.ts";
 import {
   type EventHandler,

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
-import { ApiServerSimulator } from "../support/apiserver.ts";
-import { makeTestPki, type TestPki } from "../support/certs.ts";
+import { ApiServerSimulator } from "../../testkit/apiserver.ts";
+import { makeTestPki, type TestPki } from "../../testkit/certs.ts";
 import { createKubeClient, KubeClient } from "../../lib/kube/client.ts";
 import { loadRestConfig } from "../../lib/kube/kubeconfig.ts";
 import { newServiceInformer } from "../../lib/kube/informer.ts";

@@ -1,6 +1,6 @@
 /** Test builders for service ports, endpoints, Services and EndpointSlices (addresses as upstream tests). */
 import type { EndpointSlice, Service } from "../../lib/kube/types.ts";
-import { joinHostPort } from "../../lib/proxy/ip.ts";
+import { joinHostPort } from "../../lib/net/ip.ts";
 import type { EndpointInfo, ServicePortInfo } from "../../lib/proxy/types.ts";
 
 /** A ClusterIP port ns1/svc1:p80 on 172.30.1.1:80/TCP with overrides. */

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { configureLogging } from "../../lib/log.ts";
 import { EndpointsChangeTracker, ServiceChangeTracker } from "../../lib/proxy/change_tracker.ts";
 import { EndpointSliceCache, portKey } from "../../lib/proxy/endpoint_slice_cache.ts";
-import { parseCIDR, parseIP } from "../../lib/proxy/ip.ts";
+import { parseCIDR, parseIP } from "../../lib/net/ip.ts";
 import { buildServicePorts } from "../../lib/proxy/service_port.ts";
 import type { Service } from "../../lib/kube/types.ts";
 import { service, slice } from "./helpers.ts";

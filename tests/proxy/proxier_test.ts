@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { configureLogging } from "../../lib/log.ts";
 import { FakeClock } from "../../lib/proxy/clock.ts";
 import { Proxier } from "../../lib/proxy/proxier.ts";
-import { metricsText } from "../../lib/server/metrics.ts";
+import { metricsText } from "../../lib/metrics.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, SyncResult } from "../../lib/proxy/types.ts";
 import type { Node } from "../../lib/kube/types.ts";
 import { service, slice } from "./helpers.ts";

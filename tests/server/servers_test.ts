@@ -5,7 +5,7 @@ import { configureLogging } from "../../lib/log.ts";
 import { FakeClock } from "../../lib/proxy/clock.ts";
 import { ProxyHealthServer } from "../../lib/server/health.ts";
 import { MetricsServer } from "../../lib/server/metrics_server.ts";
-import { metricsText } from "../../lib/server/metrics.ts";
+import { metricsText } from "../../lib/metrics.ts";
 import { ServiceHealthServer } from "../../lib/server/service_health.ts";
 
 configureLogging({ sink: () => {} });

@@ -1,10 +1,5 @@
 /** A throwaway network namespace and a CommandRunner that runs everything inside it. */
-import {
-  type CommandResult,
-  type CommandRunner,
-  type CommandSpec,
-  DenoCommandRunner,
-} from "../../lib/exec.ts";
+import { type CommandResult, type CommandRunner, type CommandSpec, DenoCommandRunner } from "../lib/exec.ts";
 
 const host = new DenoCommandRunner();
 

@@ -4,13 +4,20 @@
  * kernel's chains exact, and the reused payload buffer is never overwritten while iptables-restore reads it.
  */
 import assert from "node:assert/strict";
-import type { CommandResult, CommandRunner, CommandSpec } from "../../lib/exec.ts";
-import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
-import { detectLocalByCIDR } from "../../lib/iptables/local_detector.ts";
-import { renderServicePort, type ServicePortBlock } from "../../lib/iptables/rules.ts";
-import { configureLogging } from "../../lib/log.ts";
-import type { ServicePortState } from "../../lib/proxy/types.ts";
-import { type EpSpec, makeState, recorder, restores, snapshot, type SvcSpec } from "./fixtures.ts";
+import type { CommandResult, CommandRunner, CommandSpec } from "../../../lib/exec.ts";
+import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts";
+import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detector.ts";
+import { renderServicePort, type ServicePortBlock } from "../../../lib/dataplane/iptables/rules.ts";
+import { configureLogging } from "../../../lib/log.ts";
+import type { ServicePortState } from "../../../lib/proxy/types.ts";
+import {
+  type EpSpec,
+  makeState,
+  recorder,
+  restores,
+  snapshot,
+  type SvcSpec,
+} from "../../../testkit/fixtures.ts";
 
 configureLogging({ sink: () => {} });
 

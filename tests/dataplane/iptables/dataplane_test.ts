@@ -1,15 +1,15 @@
 /** IptablesDataplane behaviour with a recording runner: exact payloads, partial syncs, failures, stale chains. */
 import assert from "node:assert/strict";
-import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
+import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts";
 import {
   detectLocalByBridgeInterface,
   detectLocalByCIDR,
   detectLocalByInterfaceNamePrefix,
   newLocalDetector,
-} from "../../lib/iptables/local_detector.ts";
-import { configureLogging } from "../../lib/log.ts";
-import { jumpRecorder, makeState, recorder, restores, snapshot } from "./fixtures.ts";
-import { overallFixture } from "./fixtures.ts";
+} from "../../../lib/dataplane/iptables/local_detector.ts";
+import { configureLogging } from "../../../lib/log.ts";
+import { jumpRecorder, makeState, recorder, restores, snapshot } from "../../../testkit/fixtures.ts";
+import { overallFixture } from "../../../testkit/fixtures.ts";
 
 const logs: string[] = [];
 configureLogging({ sink: (l) => logs.push(l) });

@@ -10,7 +10,7 @@ import {
   NETNS_PREFIX,
   Sandbox,
   sandboxUnavailableReason,
-} from "../support/sandbox.ts";
+} from "../../testkit/sandbox.ts";
 
 const unavailable = sandboxUnavailableReason(["ip", "sysctl"]);
 

@@ -15,9 +15,9 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { SimulatorProcess } from "../support/apiserver_process.ts";
-import type { Probe } from "../support/probe.ts";
-import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../support/sandbox.ts";
+import { SimulatorProcess } from "../../testkit/apiserver_process.ts";
+import type { Probe } from "../../testkit/probe.ts";
+import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../../testkit/sandbox.ts";
 import {
   dualStackNodeObject,
   endpointSlice,

@@ -23,7 +23,7 @@
  * @module
  */
 
-import type { KubeObject, Status } from "../../lib/kube/types.ts";
+import type { KubeObject, Status } from "../lib/kube/types.ts";
 import tls from "node:tls";
 import net from "node:net";
 

@@ -9,10 +9,10 @@
  */
 
 import assert from "node:assert/strict";
-import { agentCommand } from "../support/agent_command.ts";
-import { SimulatorProcess } from "../support/apiserver_process.ts";
-import type { Probe } from "../support/probe.ts";
-import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../support/sandbox.ts";
+import { agentCommand } from "../../testkit/agent_command.ts";
+import { SimulatorProcess } from "../../testkit/apiserver_process.ts";
+import type { Probe } from "../../testkit/probe.ts";
+import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../../testkit/sandbox.ts";
 import {
   endpointSlice,
   eventually,

@@ -45,7 +45,7 @@
  * @module
  */
 
-import { type CommandResult, DenoCommandRunner } from "../../lib/exec.ts";
+import { type CommandResult, DenoCommandRunner } from "../lib/exec.ts";
 import { Probe } from "./probe.ts";
 
 /** Prefix shared by every namespace a sandbox creates. */
@@ -513,7 +513,7 @@ export class Sandbox {
   }
 
   /**
-   * Starts tests/support/pod_server.ts in `ns` (a pod's namespace, or `node` for hostNetwork) and
+   * Starts testkit/pod_server.ts in `ns` (a pod's namespace, or `node` for hostNetwork) and
    * waits until it listens. `name` defaults to the pod's name.
    */
   async startServer(

@@ -3,12 +3,12 @@
  * the sandbox's node namespace and reaches the simulator on that namespace's loopback), controlled over
  * stdin/stdout JSON lines. Used by the dataplane tests, the demo and the scale harness.
  *
- * Run directly: `deno run -A tests/support/apiserver_process.ts --kubeconfig /tmp/k.yaml [--load f.yaml ...]`.
+ * Run directly: `deno run -A testkit/apiserver_process.ts --kubeconfig /tmp/k.yaml [--load f.yaml ...]`.
  * @module
  */
 import { parseAllDocuments } from "yaml";
 import { ApiServerSimulator, type ResourceName } from "./apiserver.ts";
-import type { KubeObject } from "../../lib/kube/types.ts";
+import type { KubeObject } from "../lib/kube/types.ts";
 
 /** A request on the control channel. */
 type ControlRequest =

@@ -5,7 +5,7 @@
  * @module
  */
 
-import { type RecordedCall, RecordingCommandRunner } from "../../lib/exec.ts";
+import { type RecordedCall, RecordingCommandRunner } from "../lib/exec.ts";
 import type {
   EndpointInfo,
   IPFamily,
@@ -13,8 +13,8 @@ import type {
   ProxySnapshot,
   ServicePortInfo,
   ServicePortState,
-} from "../../lib/proxy/types.ts";
-import { servicePortNameString } from "../../lib/proxy/types.ts";
+} from "../lib/proxy/types.ts";
+import { servicePortNameString } from "../lib/proxy/types.ts";
 
 export const TEST_NODE = "test-node";
 

@@ -7,10 +7,10 @@
  * @module
  */
 
-import type { EndpointInfo, IPFamily, ServicePortState } from "../proxy/types.ts";
+import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
 import { endpointChainName, servicePortChains } from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
-import { cidrContains } from "./nodeport_addresses.ts";
+import { cidrContains } from "../../net/node_addresses.ts";
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
 export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;

@@ -3,7 +3,7 @@
  * may carry leading zeros) and Go's canonical printing (IPv6 compressed and lower case, CIDRs masked).
  * @module
  */
-import type { IPFamily } from "./types.ts";
+import type { IPFamily } from "../proxy/types.ts";
 
 /** A parsed IP: canonical text and family. */
 export interface ParsedIP {

@@ -3,10 +3,10 @@
  * chain-name vectors.
  */
 import assert from "node:assert/strict";
-import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
-import { detectLocalByCIDR } from "../../lib/iptables/local_detector.ts";
-import { endpointChainName, hash16, servicePortChains } from "../../lib/iptables/chain_names.ts";
-import { masqueradeMark, probability } from "../../lib/iptables/rules.ts";
+import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts";
+import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detector.ts";
+import { endpointChainName, hash16, servicePortChains } from "../../../lib/dataplane/iptables/chain_names.ts";
+import { masqueradeMark, probability } from "../../../lib/dataplane/iptables/rules.ts";
 import {
   dedent,
   makeState,
@@ -16,7 +16,7 @@ import {
   snapshot,
   sortIPTablesRules,
   stripExtras,
-} from "./fixtures.ts";
+} from "../../../testkit/fixtures.ts";
 
 Deno.test("chain names: upstream vectors", () => {
   assert.equal(servicePortChains("ns1/svc1:p80", "tcp").svc, "KUBE-SVC-XPGD46QRK7WJZT7O");

@@ -3,13 +3,13 @@
  * iptables-nft-restore inside a throwaway network namespace, checked with iptables-save.
  */
 import assert from "node:assert/strict";
-import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
-import { type IptablesBackend, iptablesTools } from "../../lib/iptables/backend.ts";
-import { detectLocalByCIDR } from "../../lib/iptables/local_detector.ts";
-import { configureLogging } from "../../lib/log.ts";
-import { makeState, snapshot } from "./fixtures.ts";
-import { overallFixture } from "./fixtures.ts";
-import { canUseNetns, withNetns } from "./netns.ts";
+import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts";
+import { type IptablesBackend, iptablesTools } from "../../../lib/dataplane/iptables/backend.ts";
+import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detector.ts";
+import { configureLogging } from "../../../lib/log.ts";
+import { makeState, snapshot } from "../../../testkit/fixtures.ts";
+import { overallFixture } from "../../../testkit/fixtures.ts";
+import { canUseNetns, withNetns } from "../../../testkit/netns.ts";
 
 configureLogging({ sink: () => {} });
 const ignore = !canUseNetns();

@@ -4,7 +4,7 @@
  * @module
  */
 
-const root = new URL("../../", import.meta.url);
+const root = new URL("../", import.meta.url);
 
 /** Absolute path of the project root (ends with "/"). */
 export const PROJECT_ROOT: string = root.pathname;

@@ -5,11 +5,11 @@
  */
 
 import assert from "node:assert/strict";
-import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
-import { newLocalDetector } from "../../lib/iptables/local_detector.ts";
-import { makeState, snapshot } from "../iptables/fixtures.ts";
-import { NetnsRunner } from "../iptables/netns.ts";
-import { Sandbox, sandboxUnavailableReason } from "../support/sandbox.ts";
+import { IptablesDataplane } from "../../lib/dataplane/iptables/dataplane.ts";
+import { newLocalDetector } from "../../lib/dataplane/iptables/local_detector.ts";
+import { makeState, snapshot } from "../../testkit/fixtures.ts";
+import { NetnsRunner } from "../../testkit/netns.ts";
+import { Sandbox, sandboxUnavailableReason } from "../../testkit/sandbox.ts";
 import { tally } from "./helpers.ts";
 
 const unavailable = sandboxUnavailableReason(["ip", "iptables", "iptables-restore", "sysctl"]);

@@ -16,16 +16,16 @@
  * @module
  */
 
-import type { CommandRunner } from "../exec.ts";
-import { CommandError } from "../exec.ts";
-import { log as rootLog, type Logger } from "../log.ts";
-import type { Dataplane, IPFamily, ProxySnapshot, ServicePortState, SyncResult } from "../proxy/types.ts";
+import type { CommandRunner } from "../../exec.ts";
+import { CommandError } from "../../exec.ts";
+import { log as rootLog, type Logger } from "../../log.ts";
+import type { Dataplane, IPFamily, ProxySnapshot, ServicePortState, SyncResult } from "../../proxy/types.ts";
 import {
   iptablesPartialRestoreFailuresTotal,
   iptablesRestoreFailuresTotal,
   iptablesRulesLastSync,
   iptablesRulesTotal,
-} from "../server/metrics.ts";
+} from "../../metrics.ts";
 import { type IptablesBackend, type IptablesTools, iptablesTools } from "./backend.ts";
 import { isServiceChainName } from "./chain_names.ts";
 import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
@@ -35,7 +35,7 @@ import {
   type NodePortAddresses,
   parseIP,
   readLocalAddresses,
-} from "./nodeport_addresses.ts";
+} from "../../net/node_addresses.ts";
 import {
   filterHeadRules,
   filterTailRules,

@@ -1,11 +1,11 @@
 /** `--cleanup`: payload unit test and a real netns run (iptables both backends, ipset, nft, kube-ipvs0). */
 import assert from "node:assert/strict";
-import { cleanupLeftovers, iptablesCleanupPayload } from "../../lib/cleanup.ts";
-import { IptablesDataplane } from "../../lib/iptables/dataplane.ts";
-import { detectLocalByCIDR } from "../../lib/iptables/local_detector.ts";
-import { configureLogging } from "../../lib/log.ts";
-import { overallFixture, snapshot } from "./fixtures.ts";
-import { canUseNetns, withNetns } from "./netns.ts";
+import { cleanupLeftovers, iptablesCleanupPayload } from "../../../lib/cleanup.ts";
+import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts";
+import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detector.ts";
+import { configureLogging } from "../../../lib/log.ts";
+import { overallFixture, snapshot } from "../../../testkit/fixtures.ts";
+import { canUseNetns, withNetns } from "../../../testkit/netns.ts";
 
 configureLogging({ sink: () => {} });
 

@@ -2,7 +2,7 @@
  * Traffic probe for the dataplane tests.
  *
  * The program half runs long-lived inside one network namespace
- * (`ip netns exec NS deno run -A tests/support/probe.ts`) and serves JSON-line requests on stdin,
+ * (`ip netns exec NS deno run -A testkit/probe.ts`) and serves JSON-line requests on stdin,
  * one JSON-line answer per request on stdout, so that a test can make hundreds of connections
  * without paying Deno's start-up for each. The {@linkcode Probe} class is the test-side half.
  *

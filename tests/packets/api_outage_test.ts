@@ -7,9 +7,9 @@
  */
 
 import assert from "node:assert/strict";
-import { SimulatorProcess } from "../support/apiserver_process.ts";
-import type { Probe } from "../support/probe.ts";
-import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../support/sandbox.ts";
+import { SimulatorProcess } from "../../testkit/apiserver_process.ts";
+import type { Probe } from "../../testkit/probe.ts";
+import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../../testkit/sandbox.ts";
 import type { KubeObject } from "../../lib/kube/types.ts";
 import {
   endpointSlice,

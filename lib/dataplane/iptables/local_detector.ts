@@ -4,7 +4,7 @@
  * @module
  */
 
-import type { IPFamily } from "../proxy/types.ts";
+import type { IPFamily } from "../../proxy/types.ts";
 
 /** Match arguments for "from a local pod" and "not from a local pod". */
 export interface LocalTrafficDetector {

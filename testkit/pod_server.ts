@@ -4,7 +4,7 @@
  * was masqueraded or preserved.
  *
  * ```
- * ip netns exec POD deno run -A tests/support/pod_server.ts --name pod-a --tcp 8080 --udp 8081 [--tcp 9090 ...]
+ * ip netns exec POD deno run -A testkit/pod_server.ts --name pod-a --tcp 8080 --udp 8081 [--tcp 9090 ...]
  * ```
  *
  * - TCP: on accept it writes one line `<name> <peer-ip>:<peer-port>\n`; every line the client sends

@@ -4,8 +4,8 @@
  */
 
 import type { EndpointSlice, Node, Service, ServicePort } from "../../lib/kube/types.ts";
-import { agentCommand } from "../support/agent_command.ts";
-import type { Sandbox, SandboxProcess } from "../support/sandbox.ts";
+import { agentCommand } from "../../testkit/agent_command.ts";
+import type { Sandbox, SandboxProcess } from "../../testkit/sandbox.ts";
 
 /** The test namespace of every object. */
 export const NS = "dp";
