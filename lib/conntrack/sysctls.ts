@@ -7,6 +7,7 @@
  */
 import type { CommandRunner } from "../exec.ts";
 import { log } from "../log.ts";
+import { ensureSysctl } from "../sysctl.ts";
 
 /** The `conntrack` section of KubeProxyConfiguration, durations in seconds (0 = leave as is). */
 export interface ConntrackConfig {
@@ -23,36 +24,6 @@ export interface ConntrackConfig {
 export function conntrackMax(cfg: Pick<ConntrackConfig, "maxPerCore" | "min">, numCPU: number): number {
   if (cfg.maxPerCore <= 0) return 0;
   return Math.max(cfg.maxPerCore * numCPU, cfg.min);
-}
-
-/** Reads an integer sysctl (`sysctl -n`); null when it cannot be read. */
-export async function readSysctl(runner: CommandRunner, key: string): Promise<number | null> {
-  const r = await runner.tryRun({ cmd: "sysctl", args: ["-n", key] });
-  if (r.code !== 0) return null;
-  const n = Number(r.stdout.trim());
-  return Number.isFinite(n) ? n : null;
-}
-
-/**
- * Writes an integer sysctl when its current value differs. Returns "unchanged", "set" or "failed".
- */
-export async function setIntSysctl(
-  runner: CommandRunner,
-  key: string,
-  value: number,
-): Promise<"unchanged" | "set" | "failed"> {
-  const current = await readSysctl(runner, key);
-  if (current === value) {
-    log.v(2).info("Sysctl already set", { name: key, value });
-    return "unchanged";
-  }
-  log.info("Set sysctl", { name: key, value, previous: current });
-  const r = await runner.tryRun({ cmd: "sysctl", args: ["-w", `${key}=${value}`] });
-  if (r.code !== 0) {
-    log.error("Failed to set sysctl", r.stderr.trim() || `exit ${r.code}`, { name: key, value });
-    return "failed";
-  }
-  return "set";
 }
 
 /** Options of {@linkcode setupConntrack}. */
@@ -73,7 +44,7 @@ export async function setupConntrack(
 ): Promise<string[]> {
   const failed: string[] = [];
   const set = async (key: string, value: number) => {
-    if ((await setIntSysctl(runner, key, value)) === "failed") failed.push(key);
+    if ((await ensureSysctl(runner, key, value)) === "failed") failed.push(key);
   };
   const max = conntrackMax(cfg, opts.numCPU ?? navigator.hardwareConcurrency ?? 1);
   if (max > 0) {

@@ -21,9 +21,11 @@ Deno.test("setupConntrack() writes only the values that differ", async () => {
     "net.netfilter.nf_conntrack_tcp_timeout_established": "432000",
     "net.netfilter.nf_conntrack_tcp_timeout_close_wait": "3600",
   };
-  const runner = new RecordingCommandRunner((
-    c,
-  ) => (c.args[0] === "-n" ? { stdout: `${current[c.args[1]] ?? 0}\n` } : undefined));
+  const runner = new RecordingCommandRunner((c) => {
+    if (c.args[0] === "-n") return { stdout: `${current[c.args[1]] ?? 0}\n` };
+    const [key, value] = c.args[1].split("=");
+    current[key] = value;
+  });
   const failed = await setupConntrack(runner, {
     maxPerCore: 32768,
     min: 131072,

@@ -19,6 +19,7 @@
 import type { CommandRunner } from "../../exec.ts";
 import { CommandError } from "../../exec.ts";
 import { log as rootLog, type Logger } from "../../log.ts";
+import { ensureSysctl, readSysctl } from "../../sysctl.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, ServicePortState, SyncResult } from "../../proxy/types.ts";
 import {
   iptablesPartialRestoreFailuresTotal,
@@ -408,15 +409,6 @@ export class IptablesDataplane implements Dataplane {
     return true;
   }
 
-  private async sysctlGet(name: string): Promise<string | null> {
-    try {
-      const r = await this.runner.tryRun({ cmd: "sysctl", args: ["-n", name] });
-      return r.code === 0 ? r.stdout.trim() : null;
-    } catch {
-      return null;
-    }
-  }
-
   /** First-sync setup: sysctls and settings that need the node's IPs. */
   private async init(snapshot: ProxySnapshot): Promise<void> {
     const o = this.opts;
@@ -424,23 +416,13 @@ export class IptablesDataplane implements Dataplane {
     const localhostNodePorts = (o.localhostNodePorts ?? true) && this.family === "IPv4" &&
       this.npa.containsIPv4Loopback;
     if (localhostNodePorts) {
-      const cur = await this.sysctlGet("net.ipv4.conf.all.route_localnet");
-      if (cur !== "1") {
-        try {
-          await this.runner.run({ cmd: "sysctl", args: ["-w", "net.ipv4.conf.all.route_localnet=1"] });
-          this.log.info("Set sysctl", { name: "net/ipv4/conf/all/route_localnet", value: 1 });
-        } catch (err) {
-          this.log.error(
-            "Failed to set sysctl net/ipv4/conf/all/route_localnet; localhost NodePorts won't work",
-            err,
-          );
-        }
-      }
+      // Upstream logs and goes on: localhost NodePorts then do not work, everything else does.
+      await ensureSysctl(this.runner, "net.ipv4.conf.all.route_localnet", 1, this.log);
     }
     if (o.conntrackTCPBeLiberal !== undefined) {
       this.conntrackLiberal = o.conntrackTCPBeLiberal;
     } else {
-      this.conntrackLiberal = (await this.sysctlGet("net.netfilter.nf_conntrack_tcp_be_liberal")) === "1";
+      this.conntrackLiberal = (await readSysctl(this.runner, "net.netfilter.nf_conntrack_tcp_be_liberal")) === "1";
       if (this.conntrackLiberal) {
         this.log.info("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets");
       }

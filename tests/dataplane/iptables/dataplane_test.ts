@@ -35,6 +35,7 @@ Deno.test("first sync: sysctls, one iptables-save per table, missing jumps inser
   assert.deepEqual(r.calls.map((c) => [c.cmd, ...c.args].join(" ")), [
     "sysctl -n net.ipv4.conf.all.route_localnet",
     "sysctl -w net.ipv4.conf.all.route_localnet=1",
+    "sysctl -n net.ipv4.conf.all.route_localnet", // read back: a write can exit 0 and not take effect
     "sysctl -n net.netfilter.nf_conntrack_tcp_be_liberal",
     "iptables-save -t filter",
     "iptables-save -t nat",
