@@ -29,7 +29,7 @@ import { portKey } from "./endpoint_slice_cache.ts";
 import { nodeIPsOfFamily, topologyLabels } from "./node_manager.ts";
 import { BoundedFrequencyRunner } from "./runner.ts";
 import type { InvalidServiceCallback } from "./service_port.ts";
-import { categorizeEndpoints } from "./topology.ts";
+import { servicePortState } from "./service_plan.ts";
 import type {
   Dataplane,
   EndpointInfo,
@@ -404,14 +404,7 @@ export class Proxier {
       const out: ServicePortState[] = [];
       for (const info of ports.values()) {
         const endpoints: readonly EndpointInfo[] = eps?.get(portKey(info.name.port, info.protocol)) ?? [];
-        const selection = categorizeEndpoints(
-          endpoints,
-          info,
-          this.opts.nodeName,
-          this.#topology,
-          categorizeOpts,
-        );
-        out.push({ info, endpoints, selection });
+        out.push(servicePortState(info, endpoints, this.opts.nodeName, this.#topology, categorizeOpts));
       }
       return out;
     };

@@ -5,6 +5,7 @@
  * endpoint selection already done; a {@linkcode Dataplane} only renders that snapshot into kernel state.
  * @module
  */
+import type { ServicePortPlan } from "./service_plan.ts";
 
 /** An IP family, spelled as upstream's metrics label and the API's `ipFamilies`. */
 export type IPFamily = "IPv4" | "IPv6";
@@ -86,12 +87,14 @@ export interface EndpointSelection {
   readonly hasAnyEndpoints: boolean;
 }
 
-/** One service port with its endpoints and the selection made for it. */
+/** One service port with its endpoints, the selection made for it, and the decisions every dataplane shares. */
 export interface ServicePortState {
   readonly info: ServicePortInfo;
   /** All endpoints of this port and family, sorted by `endpoint`. */
   readonly endpoints: readonly EndpointInfo[];
   readonly selection: EndpointSelection;
+  /** `planServicePort(info, selection)`. */
+  readonly plan: ServicePortPlan;
 }
 
 /** Node facts a dataplane needs. */

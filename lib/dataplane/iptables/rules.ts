@@ -8,6 +8,7 @@
  */
 
 import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
+import type { NoEndpointVerdict } from "../../proxy/service_plan.ts";
 import { endpointChainName, servicePortChains } from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
 import { cidrContains } from "../../net/node_addresses.ts";
@@ -176,41 +177,26 @@ export function renderServicePort(
   const pp = `-m ${proto} -p ${proto}`;
   const port = String(info.port);
 
+  const plan = st.plan;
   const clusterEps = sel.clusterEndpoints ?? [];
   const localEps = sel.localEndpoints ?? [];
-  const usesClusterChain = clusterEps.length > 0;
-  const usesLocalChain = localEps.length > 0;
-  const externallyAccessible = info.nodePort !== 0 || info.externalIPs.length > 0 ||
-    info.loadBalancerVIPs.length > 0;
-  const extLocal = info.externalPolicyLocal && externallyAccessible;
-  const intLocal = info.internalPolicyLocal;
-  const hasEndpoints = sel.hasAnyEndpoints;
-
-  const internalChain = intLocal ? ch.svl : ch.svc;
-  const hasInternal = hasEndpoints && !(intLocal && localEps.length === 0);
-  const externalPolicyChain = extLocal ? ch.svl : ch.svc;
-  const hasExternal = hasEndpoints && !(extLocal && localEps.length === 0);
-  const usesExtChain = hasEndpoints && externallyAccessible;
-  const usesFW = hasEndpoints && info.loadBalancerVIPs.length > 0 && info.loadBalancerSourceRanges.length > 0;
+  const extLocal = plan.externalPolicyLocal;
+  const hasEndpoints = plan.hasEndpoints;
+  const internalChain = plan.internalUsesLocalChain ? ch.svl : ch.svc;
+  const hasInternal = plan.hasInternalEndpoints;
+  const externalPolicyChain = plan.externalUsesLocalChain ? ch.svl : ch.svc;
+  const hasExternal = plan.hasExternalEndpoints;
+  const usesFW = plan.usesFirewallChain;
   const lbChain = usesFW ? ch.fw : ch.ext;
 
-  let intTarget = "", intComment = "", extTarget = "", extComment = "";
-  let noLocalInternal = false, noLocalExternal = false;
-  if (!hasEndpoints) {
-    intTarget = extTarget = "REJECT";
-    intComment = extComment = `"${name} has no endpoints"`;
-  } else {
-    if (!hasInternal) {
-      intTarget = "DROP";
-      intComment = `"${name} has no local endpoints"`;
-      noLocalInternal = true;
-    }
-    if (!hasExternal) {
-      extTarget = "DROP";
-      extComment = `"${name} has no local endpoints"`;
-      noLocalExternal = true;
-    }
-  }
+  // REJECT when the port has no endpoints at all, DROP when a Local policy finds none on this node.
+  const target = (v: NoEndpointVerdict | null) => v === "reject" ? "REJECT" : "DROP";
+  const comment = (v: NoEndpointVerdict | null) =>
+    v === "reject" ? `"${name} has no endpoints"` : `"${name} has no local endpoints"`;
+  const intTarget = target(plan.internalVerdict), intComment = comment(plan.internalVerdict);
+  const extTarget = target(plan.externalVerdict), extComment = comment(plan.externalVerdict);
+  const noLocalInternal = plan.internalVerdict === "drop";
+  const noLocalExternal = plan.externalVerdict === "drop";
 
   let filter = "", dispatch = "";
   let nFilter = 0, nDispatch = 0;
@@ -297,7 +283,7 @@ export function renderServicePort(
     }
   }
 
-  if (usesExtChain) {
+  if (plan.usesExternalChain) {
     lines += `:${ch.ext} - [0:0]\n`;
     chains.push(ch.ext);
     if (!extLocal) {
@@ -365,12 +351,12 @@ export function renderServicePort(
     }
   };
 
-  if (usesClusterChain) {
+  if (plan.usesClusterPolicyChain) {
     lines += `:${ch.svc} - [0:0]\n`;
     chains.push(ch.svc);
     writeLB(ch.svc, clusterEps);
   }
-  if (usesLocalChain) {
+  if (plan.usesLocalPolicyChain) {
     lines += `:${ch.svl} - [0:0]\n`;
     chains.push(ch.svl);
     writeLB(ch.svl, localEps);

@@ -8,7 +8,8 @@ import {
   newLocalDetector,
 } from "../../../lib/dataplane/iptables/local_detector.ts";
 import { configureLogging } from "../../../lib/log.ts";
-import { jumpRecorder, makeState, recorder, restores, snapshot } from "../../../testkit/fixtures.ts";
+import { makeState, recorder, snapshot } from "../../../testkit/fixtures.ts";
+import { jumpRecorder, restores } from "./helpers.ts";
 import { overallFixture } from "../../../testkit/fixtures.ts";
 
 const logs: string[] = [];

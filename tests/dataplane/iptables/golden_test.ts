@@ -7,16 +7,8 @@ import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts"
 import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detector.ts";
 import { endpointChainName, hash16, servicePortChains } from "../../../lib/dataplane/iptables/chain_names.ts";
 import { masqueradeMark, probability } from "../../../lib/dataplane/iptables/rules.ts";
-import {
-  dedent,
-  makeState,
-  overallFixture,
-  recorder,
-  restores,
-  snapshot,
-  sortIPTablesRules,
-  stripExtras,
-} from "../../../testkit/fixtures.ts";
+import { makeState, overallFixture, recorder, snapshot } from "../../../testkit/fixtures.ts";
+import { dedent, restores, sortIPTablesRules, stripExtras } from "./helpers.ts";
 
 Deno.test("chain names: upstream vectors", () => {
   assert.equal(servicePortChains("ns1/svc1:p80", "tcp").svc, "KUBE-SVC-XPGD46QRK7WJZT7O");

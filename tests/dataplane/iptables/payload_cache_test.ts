@@ -10,14 +10,8 @@ import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detecto
 import { renderServicePort, type ServicePortBlock } from "../../../lib/dataplane/iptables/rules.ts";
 import { configureLogging } from "../../../lib/log.ts";
 import type { ServicePortState } from "../../../lib/proxy/types.ts";
-import {
-  type EpSpec,
-  makeState,
-  recorder,
-  restores,
-  snapshot,
-  type SvcSpec,
-} from "../../../testkit/fixtures.ts";
+import { type EpSpec, makeState, recorder, snapshot, type SvcSpec } from "../../../testkit/fixtures.ts";
+import { restores } from "./helpers.ts";
 
 configureLogging({ sink: () => {} });
 
