@@ -12,12 +12,8 @@ import { type CommandRunner, DenoCommandRunner } from "./exec.ts";
 import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "./dataplane/iptables/backend.ts";
 import { IptablesDataplane } from "./dataplane/iptables/dataplane.ts";
 import { type DetectLocalMode, newLocalDetector } from "./dataplane/iptables/local_detector.ts";
-import {
-  isLoopback,
-  newNodePortAddresses,
-  nodeIPsMatching,
-  readLocalAddresses,
-} from "./net/node_addresses.ts";
+import { isLoopback } from "./net/ip.ts";
+import { newNodePortAddresses, nodeIPsMatching, readLocalAddresses } from "./net/node_addresses.ts";
 import { createKubeClient, type KubeClient } from "./kube/client.ts";
 import { EventRecorder, nodeRef } from "./kube/events.ts";
 import {

@@ -4,7 +4,7 @@
  * @module
  */
 
-import { isIP, isIPv4, splitHostPort } from "./flag_set.ts";
+import { isIP, isIPv4, splitHostPort } from "../net/ip.ts";
 import { API_VERSION, KIND, type KubeProxyConfiguration } from "./types.ts";
 
 /** Port of the healthz server (ports.ProxyHealthzPort). */

@@ -7,6 +7,7 @@
  * @module
  */
 
+import { isIP, splitHostPort } from "../net/ip.ts";
 import { formatDuration, goQuote, parseDuration } from "./duration.ts";
 
 /** A flag's value: parses text, prints itself, names its type (as pflag's `Value`). */
@@ -238,66 +239,6 @@ export class MapStringBoolValue implements FlagValue {
 }
 
 // ---- IP helpers (shared with validation) --------------------------------------------------------------------
-
-/** True if `s` is an IPv4 address (leading zeros accepted, as netutils.ParseIPSloppy). */
-export function isIPv4(s: string): boolean {
-  const parts = s.split(".");
-  return parts.length === 4 && parts.every((p) => /^[0-9]{1,3}$/.test(p) && Number(p) <= 255);
-}
-
-/** True if `s` is an IPv6 address (optionally with an embedded IPv4 tail; no zone). */
-export function isIPv6(s: string): boolean {
-  if (!s.includes(":")) return false;
-  let t = s;
-  let groupsNeeded = 8;
-  const lastColon = t.lastIndexOf(":");
-  const tail = t.slice(lastColon + 1);
-  if (tail.includes(".")) {
-    if (!isIPv4(tail)) return false;
-    t = t.slice(0, lastColon + 1) + "0:0";
-    groupsNeeded = 8;
-  }
-  const dbl = t.split("::");
-  if (dbl.length > 2) return false;
-  const grp = (x: string) => x === "" ? [] : x.split(":");
-  const head = grp(dbl[0]);
-  const rest = dbl.length === 2 ? grp(dbl[1]) : [];
-  const all = [...head, ...rest];
-  if (!all.every((g) => /^[0-9a-fA-F]{1,4}$/.test(g))) return false;
-  return dbl.length === 2 ? all.length < groupsNeeded : all.length === groupsNeeded;
-}
-
-/** True if `s` is an IPv4 or IPv6 address. */
-export function isIP(s: string): boolean {
-  return isIPv4(s) || isIPv6(s);
-}
-
-/** net.SplitHostPort; throws Go's messages (`address x: missing port in address`). */
-export function splitHostPort(hostport: string): [string, string] {
-  const fail = (why: string): never => {
-    throw new Error(`address ${hostport}: ${why}`);
-  };
-  let j = 0, k = 0;
-  const i = hostport.lastIndexOf(":");
-  if (i < 0) fail("missing port in address");
-  let host: string;
-  if (hostport[0] === "[") {
-    const end = hostport.indexOf("]");
-    if (end < 0) fail("missing ']' in address");
-    if (end + 1 === hostport.length) fail("missing port in address");
-    if (end + 1 !== i) {
-      fail(hostport[end + 1] === ":" ? "too many colons in address" : "missing port in address");
-    }
-    host = hostport.slice(1, end);
-    [j, k] = [1, end + 1];
-  } else {
-    host = hostport.slice(0, i);
-    if (host.includes(":")) fail("too many colons in address");
-  }
-  if (hostport.slice(j).includes("[")) fail("unexpected '[' in address");
-  if (hostport.slice(k).includes("]")) fail("unexpected ']' in address");
-  return [host, hostport.slice(i + 1)];
-}
 
 /** utilflag.IPVar: a single IP address. */
 export function parseIPFlag(s: string): string {

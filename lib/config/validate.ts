@@ -7,7 +7,7 @@
  */
 
 import { formatDuration } from "./duration.ts";
-import { isIP, isIPv4, isIPv6, splitHostPort } from "./flag_set.ts";
+import { isIP, isIPv4, isIPv6, splitHostPort } from "../net/ip.ts";
 import type { KubeProxyConfiguration } from "./types.ts";
 import { previousMinorVersion } from "./version.ts";
 

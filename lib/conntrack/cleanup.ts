@@ -21,7 +21,7 @@ import type { CommandRunner } from "../exec.ts";
 import { log } from "../log.ts";
 import type { IPFamily, ProxySnapshot } from "../proxy/types.ts";
 import { conntrackReconcilerDeletedEntriesTotal, conntrackReconcilerSyncDuration } from "../metrics.ts";
-import { parseIP } from "../net/node_addresses.ts";
+import { ipValue } from "../net/ip.ts";
 
 /** One conntrack entry: original and reply tuples. */
 export interface ConntrackFlow {
@@ -36,7 +36,7 @@ export interface ConntrackFlow {
 /** Canonical form of an address (IPv6 spellings differ between the API and conntrack). */
 function canon(ip: string): string {
   if (!ip.includes(":")) return ip;
-  const p = parseIP(ip);
+  const p = ipValue(ip);
   return p ? "6:" + p.value.toString(16) : ip;
 }
 

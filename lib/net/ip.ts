@@ -141,3 +141,82 @@ export function familyOf(ip: string): IPFamily {
 export function joinHostPort(ip: string, port: number): string {
   return ip.includes(":") ? `[${ip}]:${port}` : `${ip}:${port}`;
 }
+
+/** True if `s` is an IPv4 address (leading zeros accepted, as Go's netutils.ParseIPSloppy). */
+export function isIPv4(s: string): boolean {
+  return parseIP(s)?.family === "IPv4";
+}
+
+/** True if `s` is an IPv6 address (no zone; an IPv4-mapped address is IPv4, as Go's `IsIPv6String`). */
+export function isIPv6(s: string): boolean {
+  return parseIP(s)?.family === "IPv6";
+}
+
+/** True if `s` is an IPv4 or IPv6 address. */
+export function isIP(s: string): boolean {
+  return parseIP(s) !== null;
+}
+
+/**
+ * An address as a number, 32-bit for IPv4 and 128-bit for IPv6, for range checks. A `%zone` suffix is
+ * ignored; an IPv4-mapped IPv6 address counts as IPv4. Null when `s` is not an address.
+ */
+export function ipValue(s: string): { family: IPFamily; value: bigint } | null {
+  const pct = s.indexOf("%");
+  const p = parseIP(pct >= 0 ? s.slice(0, pct) : s);
+  if (!p) return null;
+  let value = 0n;
+  if (p.family === "IPv4") {
+    for (const o of parseIPv4Octets(p.ip)!) value = (value << 8n) | BigInt(o);
+  } else {
+    for (const h of parseIPv6Hextets(p.ip)!) value = (value << 16n) | BigInt(h);
+  }
+  return { family: p.family, value };
+}
+
+/** True when `ip` lies inside `cidr` (same family only; an address without `/n` is a single-address CIDR). */
+export function cidrContains(cidr: string, ip: string): boolean {
+  const slash = cidr.indexOf("/");
+  const base = ipValue(slash >= 0 ? cidr.slice(0, slash) : cidr);
+  const addr = ipValue(ip);
+  if (!base || !addr || base.family !== addr.family) return false;
+  const bits = base.family === "IPv6" ? 128 : 32;
+  const len = slash >= 0 ? Number(cidr.slice(slash + 1)) : bits;
+  if (!Number.isInteger(len) || len < 0 || len > bits) return false;
+  const shift = BigInt(bits - len);
+  return (base.value >> shift) === (addr.value >> shift);
+}
+
+/** True for 127.0.0.0/8 and ::1. */
+export function isLoopback(ip: string): boolean {
+  const a = ipValue(ip);
+  if (!a) return false;
+  return a.family === "IPv6" ? a.value === 1n : (a.value >> 24n) === 127n;
+}
+
+/** Go's `net.SplitHostPort`, with Go's messages (`address x: missing port in address`). */
+export function splitHostPort(hostport: string): [string, string] {
+  const fail = (why: string): never => {
+    throw new Error(`address ${hostport}: ${why}`);
+  };
+  let j = 0, k = 0;
+  const i = hostport.lastIndexOf(":");
+  if (i < 0) fail("missing port in address");
+  let host: string;
+  if (hostport[0] === "[") {
+    const end = hostport.indexOf("]");
+    if (end < 0) fail("missing ']' in address");
+    if (end + 1 === hostport.length) fail("missing port in address");
+    if (end + 1 !== i) {
+      fail(hostport[end + 1] === ":" ? "too many colons in address" : "missing port in address");
+    }
+    host = hostport.slice(1, end);
+    [j, k] = [1, end + 1];
+  } else {
+    host = hostport.slice(0, i);
+    if (host.includes(":")) fail("too many colons in address");
+  }
+  if (hostport.slice(j).includes("[")) fail("unexpected '[' in address");
+  if (hostport.slice(k).includes("]")) fail("unexpected ']' in address");
+  return [host, hostport.slice(i + 1)];
+}

@@ -1,70 +1,13 @@
 /**
- * `nodePortAddresses` for the iptables dataplane (upstream `pkg/proxy/util/nodeport_addresses.go`): which node
- * IPs accept NodePort traffic, plus the small IP/CIDR helpers the renderer needs.
+ * The node's own addresses (`ip -j addr show`) and `nodePortAddresses` (upstream
+ * `pkg/proxy/util/nodeport_addresses.go`): which node IPs accept NodePort traffic, for every dataplane and the
+ * health-check node ports.
  * @module
  */
 
 import type { CommandRunner } from "../exec.ts";
 import type { IPFamily } from "../proxy/types.ts";
-
-/** Parses an IPv4 or IPv6 address into a bigint (128-bit for v6); null when invalid. */
-export function parseIP(ip: string): { v6: boolean; value: bigint } | null {
-  if (ip.includes(":")) {
-    let s = ip;
-    const pct = s.indexOf("%");
-    if (pct >= 0) s = s.slice(0, pct);
-    // Embedded IPv4 tail (::ffff:1.2.3.4).
-    const lastColon = s.lastIndexOf(":");
-    const tail = s.slice(lastColon + 1);
-    if (tail.includes(".")) {
-      const v4 = parseIP(tail);
-      if (!v4 || v4.v6) return null;
-      s = s.slice(0, lastColon + 1) + ((v4.value >> 16n) & 0xffffn).toString(16) + ":" +
-        (v4.value & 0xffffn).toString(16);
-    }
-    const halves = s.split("::");
-    if (halves.length > 2) return null;
-    const head = halves[0] === "" ? [] : halves[0].split(":");
-    const rest = halves.length === 2 ? (halves[1] === "" ? [] : halves[1].split(":")) : [];
-    const fill = halves.length === 2 ? 8 - head.length - rest.length : 0;
-    if (fill < 0 || (halves.length === 1 && head.length !== 8)) return null;
-    const groups = [...head, ...Array(fill).fill("0"), ...rest];
-    let value = 0n;
-    for (const g of groups) {
-      if (!/^[0-9a-fA-F]{1,4}$/.test(g)) return null;
-      value = (value << 16n) | BigInt(parseInt(g, 16));
-    }
-    return { v6: true, value };
-  }
-  const parts = ip.split(".");
-  if (parts.length !== 4) return null;
-  let value = 0n;
-  for (const p of parts) {
-    if (!/^\d{1,3}$/.test(p) || Number(p) > 255) return null;
-    value = (value << 8n) | BigInt(Number(p));
-  }
-  return { v6: false, value };
-}
-
-/** True when `ip` lies inside `cidr` (same family only). */
-export function cidrContains(cidr: string, ip: string): boolean {
-  const slash = cidr.indexOf("/");
-  const base = parseIP(slash >= 0 ? cidr.slice(0, slash) : cidr);
-  const addr = parseIP(ip);
-  if (!base || !addr || base.v6 !== addr.v6) return false;
-  const bits = base.v6 ? 128 : 32;
-  const len = slash >= 0 ? Number(cidr.slice(slash + 1)) : bits;
-  if (!Number.isInteger(len) || len < 0 || len > bits) return false;
-  const shift = BigInt(bits - len);
-  return (base.value >> shift) === (addr.value >> shift);
-}
-
-/** True for 127.0.0.0/8 and ::1. */
-export function isLoopback(ip: string): boolean {
-  const a = parseIP(ip);
-  if (!a) return false;
-  return a.v6 ? a.value === 1n : (a.value >> 24n) === 127n;
-}
+import { cidrContains, ipValue, isLoopback } from "./ip.ts";
 
 /** The parsed `nodePortAddresses` of one family. */
 export interface NodePortAddresses {
@@ -154,4 +97,19 @@ export function nodeIPsMatching(npa: NodePortAddresses, addrs: readonly string[]
     if (npa.cidrs.some((c) => cidrContains(c, ip))) out.push(ip);
   }
   return out;
+}
+
+/**
+ * The node IP of a family as upstream's detectNodeIPs picks it: a specific (non-wildcard) `bindAddress` of
+ * the family wins over the Node object's IPs (`nodeIPs`, primary first). Null when neither has one. Every
+ * mode uses it where upstream uses the proxier's nodeIP (e.g. the loadBalancerSourceRanges self-allow).
+ */
+export function familyNodeIP(
+  family: IPFamily,
+  bindAddress: string | undefined,
+  nodeIPs: readonly string[],
+): string | null {
+  const b = bindAddress !== undefined ? ipValue(bindAddress) : null;
+  if (b && b.family === family && b.value !== 0n) return bindAddress!;
+  return nodeIPs.find((ip) => ipValue(ip)?.family === family) ?? null;
 }

@@ -5,6 +5,7 @@
  * @module
  */
 import { log } from "../log.ts";
+import { splitHostPort } from "../net/ip.ts";
 import { type Clock, realClock, type TimerId } from "../proxy/clock.ts";
 
 /** A host and port split from `host:port` / `[v6]:port`. */
@@ -14,21 +15,16 @@ export interface HostPort {
 }
 
 /**
- * Splits `host:port`, `[v6]:port` or `:port` (host defaults to 0.0.0.0).
+ * Splits a bind address `host:port`, `[v6]:port` or `:port` (host defaults to 0.0.0.0).
  * @throws {TypeError} When the port is missing or not a number in 0..65535.
  */
-export function splitHostPort(addr: string): HostPort {
+export function parseBindAddress(addr: string): HostPort {
   let host: string;
   let port: string;
-  if (addr.startsWith("[")) {
-    const end = addr.indexOf("]");
-    host = addr.slice(1, end);
-    port = addr.slice(end + 2);
-  } else {
-    const i = addr.lastIndexOf(":");
-    if (i < 0) throw new TypeError(`Missing port in address "${addr}"`);
-    host = addr.slice(0, i);
-    port = addr.slice(i + 1);
+  try {
+    [host, port] = splitHostPort(addr);
+  } catch (err) {
+    throw new TypeError((err as Error).message);
   }
   const n = Number(port);
   if (port === "" || !Number.isInteger(n) || n < 0 || n > 65535) {
@@ -163,7 +159,7 @@ export abstract class SingleListenerServer {
   readonly #listener: RetryingListener;
 
   protected constructor(name: string, opts: BindOptions) {
-    const { hostname, port } = splitHostPort(opts.bindAddress);
+    const { hostname, port } = parseBindAddress(opts.bindAddress);
     this.#listener = new RetryingListener({
       name,
       hostname,

@@ -33,10 +33,10 @@ import { extractLines, PayloadWriter, SectionCache } from "../payload.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";
 import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
 import {
+  familyNodeIP,
   newNodePortAddresses,
   nodeIPsMatching,
   type NodePortAddresses,
-  parseIP,
   readLocalAddresses,
 } from "../../net/node_addresses.ts";
 import {
@@ -263,11 +263,7 @@ export class IptablesDataplane implements Dataplane {
 
   /** The node IP for the source-range self-allow: the `nodeIP` option (bindAddress) wins over the Node's IPs. */
   private nodeIPOf(snapshot: ProxySnapshot): string | null {
-    const ip = this.opts.nodeIP;
-    const o = ip !== undefined ? parseIP(ip) : null;
-    // Like upstream, a wildcard (0.0.0.0 / ::) bindAddress does not count.
-    if (o && o.v6 === (this.family === "IPv6") && o.value !== 0n) return ip!;
-    return snapshot.node.ips[0] ?? null;
+    return familyNodeIP(this.family, this.opts.nodeIP, snapshot.node.ips);
   }
 
   /** Reads the node's addresses matching CIDR nodePortAddresses (nothing runs when they match all). */

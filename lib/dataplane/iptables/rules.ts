@@ -11,7 +11,7 @@ import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types
 import type { NoEndpointVerdict } from "../../proxy/service_plan.ts";
 import { endpointChainName, servicePortChains } from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
-import { cidrContains } from "../../net/node_addresses.ts";
+import { cidrContains } from "../../net/ip.ts";
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
 export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;
