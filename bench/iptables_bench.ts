@@ -11,7 +11,7 @@
  */
 import { DenoCommandRunner, RecordingCommandRunner } from "../lib/exec.ts";
 import { IptablesDataplane } from "../lib/dataplane/iptables/dataplane.ts";
-import type { IptablesBackend } from "../lib/dataplane/iptables/backend.ts";
+import type { IptablesBackend } from "../lib/dataplane/iptables_backend.ts";
 import { detectLocalByCIDR } from "../lib/dataplane/iptables/local_detector.ts";
 import { configureLogging } from "../lib/log.ts";
 import type { ServicePortState } from "../lib/proxy/types.ts";

@@ -5,15 +5,11 @@
  * @module
  */
 import type { ProxyOptions } from "./config/command.ts";
-import { cleanupLeftovers } from "./cleanup.ts";
 import { applyOOMScoreAdj, setupConntrack } from "./conntrack/sysctls.ts";
 import { cleanStaleUDPConntrack } from "./conntrack/cleanup.ts";
+import type { ModeContext, ProxyModeName } from "./dataplane/mode.ts";
+import { cleanupAllModes, cleanupOtherModes, newDataplaneMode } from "./dataplane/modes.ts";
 import { type CommandRunner, DenoCommandRunner } from "./exec.ts";
-import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "./dataplane/iptables/backend.ts";
-import { IptablesDataplane } from "./dataplane/iptables/dataplane.ts";
-import { type DetectLocalMode, newLocalDetector } from "./dataplane/iptables/local_detector.ts";
-import { isLoopback } from "./net/ip.ts";
-import { newNodePortAddresses, nodeIPsMatching, readLocalAddresses } from "./net/node_addresses.ts";
 import { createKubeClient, type KubeClient } from "./kube/client.ts";
 import { EventRecorder, nodeRef } from "./kube/events.ts";
 import {
@@ -25,8 +21,9 @@ import {
 import { KubeConfigError } from "./kube/kubeconfig.ts";
 import type { Node } from "./kube/types.ts";
 import { log } from "./log.ts";
-import { detectNodeIPs, NodeManager } from "./proxy/node_manager.ts";
 import { familyOf } from "./net/ip.ts";
+import { healthCheckAddresses } from "./net/node_addresses.ts";
+import { detectNodeIPs, NodeManager } from "./proxy/node_manager.ts";
 import { Proxier } from "./proxy/proxier.ts";
 import type { Dataplane, IPFamily } from "./proxy/types.ts";
 import { ProxyHealthServer } from "./server/health.ts";
@@ -51,7 +48,7 @@ export interface RunningAgent {
  * `--cleanup`: removes the rules of every mode and returns the exit code (0, or 1 if anything failed).
  */
 export async function runCleanup(runner: CommandRunner = new DenoCommandRunner()): Promise<number> {
-  const failed = await cleanupLeftovers(runner);
+  const failed = await cleanupAllModes(runner, log);
   return failed ? 1 : 0;
 }
 
@@ -71,19 +68,6 @@ export async function platformInit(opts: ProxyOptions, runner: CommandRunner): P
   });
 }
 
-/** Upstream runs dual-stack when the other family's iptables works; `-S POSTROUTING` of its nat table proves it. */
-async function detectFamilies(runner: CommandRunner, primary: IPFamily, backend: IptablesBackend) {
-  const families: IPFamily[] = [primary];
-  const secondary: IPFamily = primary === "IPv4" ? "IPv6" : "IPv4";
-  const probe = iptablesTools(backend, secondary).iptables;
-  const r = await runner.tryRun({ cmd: probe, args: ["-w", "5", "-t", "nat", "-S", "POSTROUTING"] }).catch(
-    () => ({ code: 127, stderr: "not found", stdout: "" }),
-  );
-  if (r.code === 0) families.push(secondary);
-  else log.info("Secondary IP family not usable, running single-stack", { family: secondary });
-  return families;
-}
-
 /**
  * Runs the agent until a signal or a fatal condition. Resolves with the process exit code.
  */
@@ -91,10 +75,10 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   const runner = deps.runner ?? new DenoCommandRunner();
   const exit = deps.exit ?? ((code: number) => Deno.exit(code));
   const cfg = opts.config;
-  if (opts.mode !== "iptables") {
-    throw new Error(`proxy mode "${opts.mode}" is not implemented yet; use --proxy-mode=iptables`);
-  }
-  log.info("Using iptables Proxier");
+  const modeName: ProxyModeName = opts.mode;
+  const mode = newDataplaneMode(modeName);
+  // Upstream's platformCleanup: another mode's rules would fight this one's. Best effort; already logged.
+  await cleanupOtherModes(runner, modeName, log);
   if (opts.nodePortAddresses.length === 0) {
     log.error(
       "Kube-proxy configuration may be incomplete or incorrect",
@@ -159,40 +143,37 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   });
   nodeInformer.start(abort.signal);
   stops.push(() => nodeInformer.stop());
-  const node = await nodeManager.waitForNode();
-  const nodeIPs = detectNodeIPs(node, cfg.bindAddress);
-  log.info("Successfully retrieved node IP(s)", { IPs: nodeIPs });
-
-  const backend = await detectIptablesBackend(runner); // logs its choice and why
-  const families = await detectFamilies(runner, nodeIPs.primaryFamily, backend.backend);
-
-  const dataplanes = new Map<IPFamily, Dataplane>();
+  // Until the dataplanes exist, a failure (no Node, a mode that cannot run here) stops what was started.
+  let nodeIPs: ReturnType<typeof detectNodeIPs>;
+  let families: IPFamily[];
+  let dataplanes: Map<IPFamily, Dataplane>;
+  try {
+    const node = await nodeManager.waitForNode();
+    nodeIPs = detectNodeIPs(node, cfg.bindAddress);
+    log.info("Successfully retrieved node IP(s)", { IPs: nodeIPs });
+    const modeContext: ModeContext = {
+      runner,
+      options: opts,
+      nodeIPs: nodeManager.nodeIPs,
+      podCIDRs: nodeManager.podCIDRs,
+      primaryFamily: nodeIPs.primaryFamily,
+      logger: log,
+      warningEvent: (reason, note) =>
+        events.event(nodeRef(nodeName), "Warning", reason, "StartKubeProxy", note),
+    };
+    await mode.checkHost(modeContext);
+    families = await mode.probeFamilies(modeContext);
+    dataplanes = await mode.createDataplanes(modeContext, families);
+  } catch (err) {
+    await events.flush();
+    await stop();
+    throw err;
+  }
   for (const family of families) {
-    const ofFamily = nodeManager.nodeIPs.filter((ip) => familyOf(ip) === family);
-    dataplanes.set(
-      family,
-      new IptablesDataplane({
-        family,
-        runner,
-        backend: backend.backend,
-        masqueradeBit: opts.masqueradeBit,
-        masqueradeAll: opts.masqueradeAll,
-        localDetector: newLocalDetector({
-          mode: opts.detectLocalMode as DetectLocalMode,
-          family,
-          clusterCIDRs: opts.clusterCIDRs,
-          podCIDRs: nodeManager.podCIDRs,
-          bridgeInterface: cfg.detectLocal.bridgeInterface,
-          interfaceNamePrefix: cfg.detectLocal.interfaceNamePrefix,
-        }),
-        nodePortAddresses: opts.nodePortAddresses,
-        localhostNodePorts: cfg.iptables.localhostNodePorts,
-        // A specific bindAddress overrides the Node's IP of its family (upstream detectNodeIPs).
-        nodeIP: cfg.bindAddress,
-        syncPeriodMs: opts.syncPeriod,
-      }),
-    );
-    log.info("Created proxier", { ipFamily: family, nodeIPs: ofFamily });
+    log.info("Created proxier", {
+      ipFamily: family,
+      nodeIPs: nodeManager.nodeIPs.filter((ip) => familyOf(ip) === family),
+    });
   }
 
   // Servers.
@@ -231,18 +212,14 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     metrics.start();
     stops.push(() => metrics.stop());
   }
-  const hcAddresses: string[] = [];
-  for (const family of families) {
-    const npa = newNodePortAddresses(family, opts.nodePortAddresses, nodeManager.nodeIPs);
-    if (npa.matchAll) {
-      hcAddresses.push(family === "IPv6" ? "::" : "0.0.0.0");
-    } else {
-      const addrs = await readLocalAddresses(runner, family).catch(() => []);
-      hcAddresses.push(...nodeIPsMatching(npa, addrs).filter((ip) => !isLoopback(ip)));
-    }
-  }
+  const hcAddresses = await healthCheckAddresses(
+    runner,
+    families,
+    opts.nodePortAddresses,
+    nodeManager.nodeIPs,
+  );
   const serviceHealth = new ServiceHealthServer({
-    addresses: hcAddresses.includes("0.0.0.0") && hcAddresses.includes("::") ? ["0.0.0.0"] : hcAddresses,
+    addresses: hcAddresses,
     proxyHealthy: () => health.isHealthy(),
     onListenError: (key, port, err) => {
       const [namespace, name] = key.split("/");

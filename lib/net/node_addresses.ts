@@ -113,3 +113,27 @@ export function familyNodeIP(
   if (b && b.family === family && b.value !== 0n) return bindAddress!;
   return nodeIPs.find((ip) => ipValue(ip)?.family === family) ?? null;
 }
+
+/**
+ * Where the per-service health-check node ports listen, as upstream: the node addresses matching
+ * nodePortAddresses in each served family (loopback excluded), or the wildcard when they match all. A
+ * wildcard in both families is one dual-stack `0.0.0.0` listener.
+ */
+export async function healthCheckAddresses(
+  runner: CommandRunner,
+  families: readonly IPFamily[],
+  nodePortAddresses: readonly string[],
+  nodeIPs: readonly string[],
+): Promise<string[]> {
+  const out: string[] = [];
+  for (const family of families) {
+    const npa = newNodePortAddresses(family, nodePortAddresses, nodeIPs);
+    if (npa.matchAll) {
+      out.push(family === "IPv6" ? "::" : "0.0.0.0");
+    } else {
+      const addrs = await readLocalAddresses(runner, family).catch(() => []);
+      out.push(...nodeIPsMatching(npa, addrs).filter((ip) => !isLoopback(ip)));
+    }
+  }
+  return out.includes("0.0.0.0") && out.includes("::") ? ["0.0.0.0"] : out;
+}

@@ -27,7 +27,7 @@ import {
   iptablesRulesLastSync,
   iptablesRulesTotal,
 } from "../../metrics.ts";
-import { type IptablesBackend, type IptablesTools, iptablesTools } from "./backend.ts";
+import { type IptablesBackend, type IptablesTools, iptablesTools } from "../iptables_backend.ts";
 import { isServiceChainName } from "./chain_names.ts";
 import { extractLines, PayloadWriter, SectionCache } from "../payload.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";

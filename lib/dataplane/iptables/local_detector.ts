@@ -1,10 +1,11 @@
 /**
- * Local-traffic detection for iptables rules (upstream `pkg/proxy/util/localdetector.go`): tells whether a
- * packet comes from a pod on this node (ifLocal) or not (ifNotLocal), as iptables match arguments.
+ * Local-traffic detection rendered for iptables rules: whether a packet comes from a pod on this node
+ * (ifLocal) or not (ifNotLocal), as iptables match arguments. The decision itself is
+ * `lib/dataplane/local_traffic.ts`, shared by every mode.
  * @module
  */
 
-import type { IPFamily } from "../../proxy/types.ts";
+import { type LocalTraffic, type LocalTrafficConfig, localTrafficFor } from "../local_traffic.ts";
 
 /** Match arguments for "from a local pod" and "not from a local pod". */
 export interface LocalTrafficDetector {
@@ -34,45 +35,21 @@ export function detectLocalByInterfaceNamePrefix(prefix: string): LocalTrafficDe
   return { isImplemented: true, ifLocal: `-i ${prefix}+`, ifNotLocal: `! -i ${prefix}+` };
 }
 
-/** The four `detectLocalMode` values. */
-export type DetectLocalMode = "ClusterCIDR" | "NodeCIDR" | "BridgeInterface" | "InterfaceNamePrefix";
-
-/** Inputs of {@linkcode newLocalDetector}. */
-export interface LocalDetectorConfig {
-  mode: DetectLocalMode | "";
-  family: IPFamily;
-  /** `clusterCIDR` entries (comma-split); the first of the family is used. */
-  clusterCIDRs?: readonly string[];
-  /** The Node's `spec.podCIDRs`; the first of the family is used. */
-  podCIDRs?: readonly string[];
-  bridgeInterface?: string;
-  interfaceNamePrefix?: string;
-}
-
-function isV6(cidr: string): boolean {
-  return cidr.includes(":");
-}
-
-/** Builds the detector for a mode and family ("" means ClusterCIDR); no-op when the family has no CIDR. */
-export function newLocalDetector(cfg: LocalDetectorConfig): LocalTrafficDetector {
-  const wantV6 = cfg.family === "IPv6";
-  const pick = (cidrs: readonly string[] | undefined) =>
-    (cidrs ?? []).map((c) => c.trim()).find((c) => c !== "" && isV6(c) === wantV6);
-  switch (cfg.mode) {
-    case "":
-    case "ClusterCIDR": {
-      const c = pick(cfg.clusterCIDRs);
-      return c ? detectLocalByCIDR(c) : noOpLocalDetector;
-    }
-    case "NodeCIDR": {
-      const c = pick(cfg.podCIDRs);
-      return c ? detectLocalByCIDR(c) : noOpLocalDetector;
-    }
-    case "BridgeInterface":
-      return cfg.bridgeInterface ? detectLocalByBridgeInterface(cfg.bridgeInterface) : noOpLocalDetector;
-    case "InterfaceNamePrefix":
-      return cfg.interfaceNamePrefix
-        ? detectLocalByInterfaceNamePrefix(cfg.interfaceNamePrefix)
-        : noOpLocalDetector;
+/** The iptables match arguments for a mode-independent local-traffic decision. */
+export function iptablesLocalMatch(lt: LocalTraffic): LocalTrafficDetector {
+  switch (lt.kind) {
+    case "none":
+      return noOpLocalDetector;
+    case "cidr":
+      return detectLocalByCIDR(lt.cidr);
+    case "interface":
+      return detectLocalByBridgeInterface(lt.name);
+    case "interfacePrefix":
+      return detectLocalByInterfaceNamePrefix(lt.prefix);
   }
+}
+
+/** Decides and renders in one step (tests). */
+export function newLocalDetector(cfg: LocalTrafficConfig): LocalTrafficDetector {
+  return iptablesLocalMatch(localTrafficFor(cfg));
 }

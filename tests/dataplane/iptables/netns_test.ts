@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts";
-import { type IptablesBackend, iptablesTools } from "../../../lib/dataplane/iptables/backend.ts";
+import { type IptablesBackend, iptablesTools } from "../../../lib/dataplane/iptables_backend.ts";
 import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detector.ts";
 import { configureLogging } from "../../../lib/log.ts";
 import { makeState, snapshot } from "../../../testkit/fixtures.ts";

@@ -4,9 +4,9 @@
  * @module
  */
 
-import type { CommandRunner } from "../../exec.ts";
-import type { IPFamily } from "../../proxy/types.ts";
-import { log } from "../../log.ts";
+import type { CommandRunner } from "../exec.ts";
+import type { IPFamily } from "../proxy/types.ts";
+import { log } from "../log.ts";
 
 /** `legacy` / `nft` select `iptables-legacy*` / `iptables-nft*`; `system` uses plain `iptables*`. */
 export type IptablesBackend = "legacy" | "nft" | "system";
