@@ -8,7 +8,7 @@ import type { ProxyOptions } from "./config/command.ts";
 import { applyOOMScoreAdj, setupConntrack } from "./conntrack/sysctls.ts";
 import { cleanStaleUDPConntrack } from "./conntrack/cleanup.ts";
 import type { ModeContext, ProxyModeName } from "./dataplane/mode.ts";
-import { cleanupAllModes, cleanupOtherModes, newDataplaneMode } from "./dataplane/modes.ts";
+import { cleanupAllModes, cleanupOtherModes, newDataplaneMode } from "./modes.ts";
 import { type CommandRunner, DenoCommandRunner } from "./exec.ts";
 import { createKubeClient, type KubeClient } from "./kube/client.ts";
 import { EventRecorder, nodeRef } from "./kube/events.ts";

@@ -3,7 +3,8 @@
  * may carry leading zeros) and Go's canonical printing (IPv6 compressed and lower case, CIDRs masked).
  * @module
  */
-import type { IPFamily } from "../proxy/types.ts";
+/** An IP family, spelled as upstream's metrics label and the API's `ipFamilies`. */
+export type IPFamily = "IPv4" | "IPv6";
 
 /** A parsed IP: canonical text and family. */
 export interface ParsedIP {

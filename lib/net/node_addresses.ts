@@ -6,8 +6,7 @@
  */
 
 import type { CommandRunner } from "../exec.ts";
-import type { IPFamily } from "../proxy/types.ts";
-import { cidrContains, ipValue, isLoopback } from "./ip.ts";
+import { cidrContains, type IPFamily, ipValue, isLoopback } from "./ip.ts";
 
 /** The parsed `nodePortAddresses` of one family. */
 export interface NodePortAddresses {

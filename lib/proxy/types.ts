@@ -5,10 +5,11 @@
  * endpoint selection already done; a {@linkcode Dataplane} only renders that snapshot into kernel state.
  * @module
  */
+import type { IPFamily } from "../net/ip.ts";
 import type { ServicePortPlan } from "./service_plan.ts";
 
-/** An IP family, spelled as upstream's metrics label and the API's `ipFamilies`. */
-export type IPFamily = "IPv4" | "IPv6";
+/** An IP family (defined with the IP helpers; re-exported here as part of the contract). */
+export type { IPFamily };
 
 /** L4 protocols a Service port may use. */
 export type Protocol = "TCP" | "UDP" | "SCTP";

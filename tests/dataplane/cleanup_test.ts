@@ -7,7 +7,7 @@ import { iptablesCleanupPayload, removeIptablesLeftovers } from "../../lib/datap
 import { IptablesDataplane } from "../../lib/dataplane/iptables/dataplane.ts";
 import { detectLocalByCIDR } from "../../lib/dataplane/iptables/local_detector.ts";
 import { isKubeProxyChain } from "../../lib/dataplane/iptables/mode.ts";
-import { cleanupAllModes, cleanupOtherModes } from "../../lib/dataplane/modes.ts";
+import { cleanupAllModes, cleanupOtherModes } from "../../lib/modes.ts";
 import { configureLogging, log } from "../../lib/log.ts";
 import { overallFixture, snapshot } from "../../testkit/fixtures.ts";
 import { canUseNetns, withNetns } from "../../testkit/netns.ts";

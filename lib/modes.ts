@@ -3,13 +3,13 @@
  * leftovers at every start, as upstream's `platformCleanup`; every mode's for `--cleanup`).
  * @module
  */
-import type { CommandRunner } from "../exec.ts";
-import type { Logger } from "../log.ts";
-import { newIptablesMode } from "./iptables/mode.ts";
-import { newIpvsMode } from "./ipvs/mode.ts";
-import type { DataplaneMode, ProxyModeName } from "./mode.ts";
-import { PROXY_MODES } from "./mode.ts";
-import { newNftablesMode } from "./nftables/mode.ts";
+import type { CommandRunner } from "./exec.ts";
+import type { Logger } from "./log.ts";
+import { newIptablesMode } from "./dataplane/iptables/mode.ts";
+import { newIpvsMode } from "./dataplane/ipvs/mode.ts";
+import type { DataplaneMode, ProxyModeName } from "./dataplane/mode.ts";
+import { PROXY_MODES } from "./dataplane/mode.ts";
+import { newNftablesMode } from "./dataplane/nftables/mode.ts";
 
 const FACTORIES: Record<ProxyModeName, () => DataplaneMode> = {
   iptables: newIptablesMode,
