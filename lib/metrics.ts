@@ -186,3 +186,47 @@ export const syncFailuresTotal = new client.Counter({
   labelNames: family,
   registers: [registry],
 });
+
+/** A counter whose value is read at scrape time (upstream's nfacct collectors). */
+function externalCounter(name: string, help: string, read: () => Promise<number | null>) {
+  return {
+    name,
+    help,
+    type: "counter",
+    aggregator: "sum",
+    async get() {
+      const v = await read().catch(() => null);
+      return {
+        name,
+        help,
+        type: "counter",
+        aggregator: "sum",
+        values: v === null ? [] : [{ value: v, labels: {} }],
+      };
+    },
+    reset() {},
+  };
+}
+
+/**
+ * Registers upstream's two nfacct-backed metrics (iptables mode only, as upstream), read from the kernel at
+ * every scrape; a counter that cannot be read is left out of that scrape. Registering twice is a no-op.
+ */
+export function registerNfacctMetrics(read: (counter: string) => Promise<number | null>): void {
+  const metrics = [
+    [
+      "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+      "[ALPHA] packets dropped by iptables to work around conntrack problems",
+      "ct_state_invalid_dropped_pkts",
+    ],
+    [
+      "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+      "[ALPHA] Number of packets accepted on nodeports of loopback interface",
+      "localhost_nps_accepted_pkts",
+    ],
+  ];
+  for (const [name, help, counter] of metrics) {
+    if (registry.getSingleMetric(name)) continue;
+    registry.registerMetric(externalCounter(name, help, () => read(counter)) as unknown as client.Metric);
+  }
+}

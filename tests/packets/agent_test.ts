@@ -23,7 +23,14 @@ import {
   tally,
 } from "./helpers.ts";
 
-const unavailable = sandboxUnavailableReason(["ip", "iptables", "iptables-save", "conntrack", "sysctl"]);
+const unavailable = sandboxUnavailableReason([
+  "ip",
+  "iptables",
+  "iptables-save",
+  "conntrack",
+  "sysctl",
+  "nfacct",
+]);
 const NODE = "node1";
 const OTHER_NODE = "node2";
 const SYNC_PERIOD_S = 5;
@@ -150,6 +157,29 @@ Deno.test({
           assert.ok(!x.includes(` ${sb.clientIP}:`), `client IP not masqueraded: ${x}`);
         }
       });
+
+      await t.step(
+        "a localhost NodePort from the node works and is counted by upstream's nfacct metric",
+        async () => {
+          const metric = async () => {
+            const r = await sb.tryExec(sb.node, Deno.execPath(), [
+              "eval",
+              "const r = await fetch('http://127.0.0.1:10249/metrics'); console.log(await r.text())",
+            ]);
+            const line = r.stdout.split("\n").find((l) =>
+              l.startsWith("kubeproxy_iptables_localhost_nodeports_accepted_packets_total ")
+            );
+            return line === undefined ? null : Number(line.split(" ")[1]);
+          };
+          const before = await metric();
+          assert.notEqual(before, null, "the metric is exposed");
+          for (let i = 0; i < 3; i++) assert.equal((await pn.tcp("127.0.0.1", 30080)).result, "ok");
+          const after = await metric();
+          assert.ok(after! >= before! + 3, `${before} -> ${after}`);
+          const invalid = (await sb.exec(sb.node, "nfacct", ["get", "ct_state_invalid_dropped_pkts"])).stdout;
+          assert.match(invalid, /= ct_state_invalid_dropped_pkts;/);
+        },
+      );
 
       await t.step("LoadBalancer IP and externalIP from the client", async () => {
         for (const ip of ["172.30.0.10", "172.30.0.20"]) {

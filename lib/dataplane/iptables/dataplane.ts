@@ -29,6 +29,7 @@ import {
 } from "../../metrics.ts";
 import { type IptablesBackend, type IptablesTools, iptablesTools } from "../iptables_backend.ts";
 import { isServiceChainName } from "./chain_names.ts";
+import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED, NfacctCounters } from "./nfacct.ts";
 import { extractLines, PayloadWriter, SectionCache } from "../payload.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";
 import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
@@ -90,6 +91,11 @@ export interface IptablesDataplaneOptions {
    */
   nodeIP?: string;
   logger?: Logger;
+  /**
+   * The node's nfacct counters (default: through the `nfacct` program with `runner`); null to write rules
+   * without counters, as upstream does where nfacct is unavailable.
+   */
+  nfacct?: NfacctCounters | null;
 }
 
 const decoder = new TextDecoder();
@@ -162,6 +168,7 @@ export class IptablesDataplane implements Dataplane {
   private readonly opts: IptablesDataplaneOptions;
   private readonly npaEntries: readonly string[];
   private readonly randomFully: boolean;
+  private readonly nfacct: NfacctCounters | null;
 
   private cfg: RenderConfig | null = null;
   private npa: NodePortAddresses | null = null;
@@ -195,6 +202,7 @@ export class IptablesDataplane implements Dataplane {
     this.tools = typeof be === "string" ? iptablesTools(be, opts.family) : be;
     this.npaEntries = opts.nodePortAddresses ?? [];
     this.randomFully = opts.randomFully ?? true;
+    this.nfacct = opts.nfacct === undefined ? new NfacctCounters(this.runner, this.log) : opts.nfacct;
   }
 
   /** Checks the mangle canary chain (cheap: mangle is small); true when it is gone and a full sync is due. */
@@ -257,8 +265,24 @@ export class IptablesDataplane implements Dataplane {
       localDetector: o.localDetector ?? noOpLocalDetector,
       localhostNodePorts,
       nodeIP: this.nodeIPOf(snapshot),
+      nfacctInvalidDrop: false,
+      nfacctLocalhostNodePorts: false,
     };
     this.initialized = true;
+  }
+
+  /**
+   * Ensures the nfacct counters, as upstream does on every full sync; returns the settings with what is usable
+   * now (the same object when nothing changed).
+   */
+  private async ensureCounters(cfg: RenderConfig): Promise<RenderConfig> {
+    const nfacct = this.nfacct;
+    const invalid = nfacct !== null && !this.conntrackLiberal &&
+      await nfacct.ensure(CT_STATE_INVALID_DROPPED);
+    const localhost = nfacct !== null && cfg.localhostNodePorts &&
+      await nfacct.ensure(LOCALHOST_NODEPORTS_ACCEPTED);
+    if (invalid === cfg.nfacctInvalidDrop && localhost === cfg.nfacctLocalhostNodePorts) return cfg;
+    return { ...cfg, nfacctInvalidDrop: invalid, nfacctLocalhostNodePorts: localhost };
   }
 
   /** The node IP for the source-range self-allow: the `nodeIP` option (bindAddress) wins over the Node's IPs. */
@@ -372,17 +396,17 @@ export class IptablesDataplane implements Dataplane {
       throw new Error(`iptables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
     }
     if (!this.initialized) await this.init(snapshot);
-    const cfg0 = this.cfg!;
     const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
     const nodeIP = this.nodeIPOf(snapshot);
     let full = this.needFull || snapshot.changedServices === null;
-    if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP) {
+    const cfg0 = full ? await this.ensureCounters(this.cfg!) : this.cfg!;
+    if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP || cfg0 !== this.cfg) {
       // Every block renders differently now: drop the cache and write everything.
       this.blocks.clear();
       this.filterSection.clear();
       this.dispatchSection.clear();
       this.largeCluster = largeCluster;
-      if (nodeIP !== cfg0.nodeIP) this.cfg = { ...cfg0, nodeIP };
+      this.cfg = nodeIP !== cfg0.nodeIP ? { ...cfg0, nodeIP } : cfg0;
       full = true;
     }
     const cfg = this.cfg!;

@@ -19,6 +19,8 @@ import {
 } from "../mode.ts";
 import { IptablesDataplane } from "./dataplane.ts";
 import { iptablesLocalMatch } from "./local_detector.ts";
+import { NfacctCounters } from "./nfacct.ts";
+import { registerNfacctMetrics } from "../../metrics.ts";
 
 /** Chains only the iptables mode writes (the ipvs mode shares KUBE-SERVICES, KUBE-POSTROUTING, ...). */
 const OWN_CHAIN_PREFIXES = ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"];
@@ -76,6 +78,9 @@ export function newIptablesMode(): DataplaneMode {
       const o = ctx.options;
       const cfg = o.config;
       const out = new Map<IPFamily, Dataplane>();
+      // nfacct counters belong to the node (network namespace), not to a family: one set for both.
+      const nfacct = new NfacctCounters(ctx.runner, ctx.logger);
+      registerNfacctMetrics((counter) => nfacct.packets(counter));
       for (const family of families) {
         const localTraffic = localTrafficFor({
           mode: o.detectLocalMode as DetectLocalMode,
@@ -99,6 +104,7 @@ export function newIptablesMode(): DataplaneMode {
             // A specific bindAddress overrides the Node's IP of its family (upstream detectNodeIPs).
             nodeIP: cfg.bindAddress,
             syncPeriodMs: o.syncPeriod,
+            nfacct,
           }),
         );
       }

@@ -11,6 +11,7 @@ import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types
 import type { NoEndpointVerdict } from "../../proxy/service_plan.ts";
 import { endpointChainName, servicePortChains } from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
+import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED } from "./nfacct.ts";
 import { cidrContains } from "../../net/ip.ts";
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
@@ -59,6 +60,10 @@ export interface RenderConfig {
   readonly localhostNodePorts: boolean;
   /** Primary node IP of the family (loadBalancerSourceRanges self-allow); null when unknown. */
   readonly nodeIP: string | null;
+  /** The nfacct counter for INVALID drops exists: the KUBE-FORWARD drop rule counts into it. */
+  readonly nfacctInvalidDrop: boolean;
+  /** The nfacct counter for localhost NodePorts exists: loopback NodePort traffic gets a counting rule. */
+  readonly nfacctLocalhostNodePorts: boolean;
 }
 
 /**
@@ -244,8 +249,13 @@ export function renderServicePort(
       nFilter++;
     }
   }
-  // NodePort. (Upstream's nfacct-counted localhost copy of the rule is not written: no nfacct here.)
+  // NodePort, with upstream's nfacct-counted copy for loopback destinations first when the counter exists.
   if (info.nodePort !== 0) {
+    if (hasEndpoints && cfg.localhostNodePorts && cfg.family === "IPv4" && cfg.nfacctLocalhostNodePorts) {
+      dispatch +=
+        `-A KUBE-NODEPORTS -m comment --comment ${name} ${pp} -d 127.0.0.0/8 --dport ${info.nodePort} -m nfacct --nfacct-name ${LOCALHOST_NODEPORTS_ACCEPTED} -j ${ch.ext}\n`;
+      nDispatch++;
+    }
     if (hasEndpoints) {
       dispatch +=
         `-A KUBE-NODEPORTS -m comment --comment ${name} ${pp} --dport ${info.nodePort} -j ${ch.ext}\n`;
@@ -402,7 +412,10 @@ export function filterHeadRules(cfg: RenderConfig): string {
 /** Static filter rules written after the per-service rules (INVALID drop, KUBE-FORWARD accepts). */
 export function filterTailRules(cfg: RenderConfig, conntrackTCPLiberal: boolean): string {
   let s = "";
-  if (!conntrackTCPLiberal) s += "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n";
+  if (!conntrackTCPLiberal) {
+    const count = cfg.nfacctInvalidDrop ? ` -m nfacct --nfacct-name ${CT_STATE_INVALID_DROPPED}` : "";
+    s += `-A KUBE-FORWARD -m conntrack --ctstate INVALID${count} -j DROP\n`;
+  }
   s +=
     `-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark ${cfg.mark}/${cfg.mark} -j ACCEPT\n`;
   s +=

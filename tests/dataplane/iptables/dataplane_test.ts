@@ -38,6 +38,8 @@ Deno.test("first sync: sysctls, one iptables-save per table, missing jumps inser
     "sysctl -w net.ipv4.conf.all.route_localnet=1",
     "sysctl -n net.ipv4.conf.all.route_localnet", // read back: a write can exit 0 and not take effect
     "sysctl -n net.netfilter.nf_conntrack_tcp_be_liberal",
+    "nfacct get ct_state_invalid_dropped_pkts", // upstream ensures its counters on every full sync
+    "nfacct get localhost_nps_accepted_pkts",
     "iptables-save -t filter",
     "iptables-save -t nat",
     "iptables-restore --noflush --counters -w 5 -W 100000",
@@ -54,7 +56,11 @@ Deno.test("first sync: sysctls, one iptables-save per table, missing jumps inser
   assert.ok(p.includes("-I INPUT 1 -j KUBE-FIREWALL\n"));
   assert.ok(p.includes("*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n"));
   assert.ok(p.includes("-j MASQUERADE --random-fully\n"));
-  assert.ok(p.includes("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"));
+  assert.ok(
+    p.includes(
+      "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP\n",
+    ),
+  );
   assert.equal(res.payloadBytes, new TextEncoder().encode(p).byteLength);
 });
 
@@ -398,6 +404,8 @@ Deno.test("every full sync (incl. periodic) re-verifies jump rules; partial sync
   const res = await d.sync(snapshot([svcA([{ ip: "10.180.0.1" }])]));
   assert.equal(res.full, true);
   assert.deepEqual(r.calls.slice(before).map((c) => [c.cmd, ...c.args].join(" ")), [
+    "nfacct get ct_state_invalid_dropped_pkts",
+    "nfacct get localhost_nps_accepted_pkts",
     "iptables-save -t filter",
     "iptables-save -t nat",
     "iptables-restore --noflush --counters -w 5 -W 100000",

@@ -70,9 +70,8 @@ Deno.test("golden: reference §2.4 example, line for line", async () => {
   );
 });
 
-// Upstream's expected output (proxier_test.go TestOverallIPTablesRules), with the two differences this
-// implementation has on purpose: no nfacct matches (no nfacct counters here, as upstream when nfacct is
-// unavailable), and upstream's fake proxier spells the mark "0x4000" where the real one writes 0x00004000.
+// Upstream's expected output (proxier_test.go TestOverallIPTablesRules, nfacct counters available), with one
+// difference: upstream's fake proxier spells the mark "0x4000" where the real one writes 0x00004000.
 const OVERALL_EXPECTED = dedent(`
   *filter
   :KUBE-NODEPORTS - [0:0]
@@ -87,7 +86,7 @@ const OVERALL_EXPECTED = dedent(`
   -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j DROP
   -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3001 -j DROP
   -A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
-  -A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+  -A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP
   -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
   -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
   -A KUBE-PROXY-FIREWALL -m comment --comment "ns5/svc5:p80 traffic not accepted by KUBE-FW-NUKIZ6OKUXPJNT4C" -m tcp -p tcp -d 5.6.7.8 --dport 80 -j DROP
@@ -113,8 +112,11 @@ const OVERALL_EXPECTED = dedent(`
   :KUBE-SVC-NUKIZ6OKUXPJNT4C - [0:0]
   :KUBE-SVC-X27LE4BHSL4DOUIK - [0:0]
   :KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]
+  -A KUBE-NODEPORTS -m comment --comment ns2/svc2:p80 -m tcp -p tcp -d 127.0.0.0/8 --dport 3001 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
   -A KUBE-NODEPORTS -m comment --comment ns2/svc2:p80 -m tcp -p tcp --dport 3001 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
+  -A KUBE-NODEPORTS -m comment --comment ns3/svc3:p80 -m tcp -p tcp -d 127.0.0.0/8 --dport 3003 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-X27LE4BHSL4DOUIK
   -A KUBE-NODEPORTS -m comment --comment ns3/svc3:p80 -m tcp -p tcp --dport 3003 -j KUBE-EXT-X27LE4BHSL4DOUIK
+  -A KUBE-NODEPORTS -m comment --comment ns5/svc5:p80 -m tcp -p tcp -d 127.0.0.0/8 --dport 3002 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-NUKIZ6OKUXPJNT4C
   -A KUBE-NODEPORTS -m comment --comment ns5/svc5:p80 -m tcp -p tcp --dport 3002 -j KUBE-EXT-NUKIZ6OKUXPJNT4C
   -A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
   -A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 cluster IP" -m tcp -p tcp -d 172.30.0.42 --dport 80 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
@@ -179,4 +181,27 @@ Deno.test("golden: upstream TestOverallIPTablesRules fixture", async () => {
   await dp.sync(snapshot(overallFixture()));
   const payload = restores(r)[0].replaceAll("0x00004000", "0x4000");
   assert.equal(sortIPTablesRules(stripExtras(payload)), OVERALL_EXPECTED);
+});
+
+Deno.test("golden: without nfacct counters the same rules are written without the nfacct matches", async () => {
+  const r = recorder((c) =>
+    c.cmd === "nfacct" ? { code: 1, stderr: "nfacct: Operation not supported" } : undefined
+  );
+  const dp = new IptablesDataplane({
+    family: "IPv4",
+    runner: r,
+    localDetector: detectLocalByCIDR("10.0.0.0/8"),
+    randomFully: false,
+  });
+  await dp.sync(snapshot(overallFixture()));
+  const payload = restores(r)[0].replaceAll("0x00004000", "0x4000");
+  const withoutCounters = OVERALL_EXPECTED.split("\n").filter((l) => !l.includes("127.0.0.0/8 --dport"))
+    .join("\n").replace(" -m nfacct --nfacct-name ct_state_invalid_dropped_pkts", "");
+  assert.equal(sortIPTablesRules(stripExtras(payload)), withoutCounters);
+  assert.deepEqual(r.callsOf("nfacct").map((c) => c.args.join(" ")), [
+    "get ct_state_invalid_dropped_pkts",
+    "add ct_state_invalid_dropped_pkts",
+    "get localhost_nps_accepted_pkts",
+    "add localhost_nps_accepted_pkts",
+  ]);
 });

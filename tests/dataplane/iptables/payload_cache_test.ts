@@ -235,6 +235,8 @@ Deno.test("renderServicePort with the previous block (endpoint chain names lent)
     localDetector: detectLocalByCIDR("10.0.0.0/8"),
     localhostNodePorts: true,
     nodeIP: "192.168.0.2",
+    nfacctInvalidDrop: false,
+    nfacctLocalhostNodePorts: false,
   };
   const base: SvcSpec = { ns: "ns", name: "s", clusterIP: "172.30.0.9", nodePort: 30009 };
   const steps: [SvcSpec, EpSpec[]][] = [
