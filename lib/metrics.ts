@@ -6,8 +6,11 @@
  */
 import client from "prom-client";
 
-/** The process-wide registry served on `/metrics`. */
+/** The process-wide registry served on `/metrics`: the core metrics and the running mode's (see registerMetrics). */
 export const registry: client.Registry = new client.Registry();
+
+/** Every metric of every mode, whatever runs (tests read it through {@linkcode metricsText}). */
+const allMetrics: client.Registry = new client.Registry();
 
 const exp = (start: number, factor: number, count: number) => client.exponentialBuckets(start, factor, count);
 
@@ -27,7 +30,7 @@ export const syncProxyRulesDuration = new client.Histogram({
   help: "[ALPHA] SyncProxyRules latency in seconds",
   labelNames: family,
   buckets: syncBuckets,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const syncFullProxyRulesDuration = new client.Histogram({
@@ -35,7 +38,7 @@ export const syncFullProxyRulesDuration = new client.Histogram({
   help: "[ALPHA] SyncProxyRules latency in seconds for full resyncs",
   labelNames: family,
   buckets: syncBuckets,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const syncPartialProxyRulesDuration = new client.Histogram({
@@ -43,21 +46,21 @@ export const syncPartialProxyRulesDuration = new client.Histogram({
   help: "[ALPHA] SyncProxyRules latency in seconds for partial resyncs",
   labelNames: family,
   buckets: syncBuckets,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const syncProxyRulesLastTimestamp = new client.Gauge({
   name: "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
   help: "[ALPHA] The last time proxy rules were successfully synced",
   labelNames: family,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const syncProxyRulesLastQueuedTimestamp = new client.Gauge({
   name: "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
   help: "[ALPHA] The last time a sync of proxy rules was queued",
   labelNames: family,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const networkProgrammingDuration = new client.Histogram({
@@ -65,80 +68,80 @@ export const networkProgrammingDuration = new client.Histogram({
   help: "[ALPHA] In Cluster Network Programming Latency in seconds",
   labelNames: family,
   buckets: programmingBuckets(),
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const endpointChangesPending = new client.Gauge({
   name: "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
   help: "[ALPHA] Pending proxy rules Endpoint changes",
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const endpointChangesTotal = new client.Counter({
   name: "kubeproxy_sync_proxy_rules_endpoint_changes_total",
   help: "[ALPHA] Cumulative proxy rules Endpoint changes",
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const serviceChangesPending = new client.Gauge({
   name: "kubeproxy_sync_proxy_rules_service_changes_pending",
   help: "[ALPHA] Pending proxy rules Service changes",
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const serviceChangesTotal = new client.Counter({
   name: "kubeproxy_sync_proxy_rules_service_changes_total",
   help: "[ALPHA] Cumulative proxy rules Service changes",
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const noLocalEndpointsTotal = new client.Gauge({
   name: "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
   help: "[ALPHA] Number of services with a Local traffic policy and no endpoints",
   labelNames: ["ip_family", "traffic_policy"] as const,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const iptablesRestoreFailuresTotal = new client.Counter({
   name: "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
   help: "[ALPHA] Cumulative proxy iptables restore failures",
   labelNames: family,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const iptablesPartialRestoreFailuresTotal = new client.Counter({
   name: "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
   help: "[ALPHA] Cumulative proxy iptables partial restore failures",
   labelNames: family,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const iptablesRulesTotal = new client.Gauge({
   name: "kubeproxy_sync_proxy_rules_iptables_total",
   help: "[ALPHA] Total number of iptables rules owned by kube-proxy",
   labelNames: ["ip_family", "table"] as const,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const iptablesRulesLastSync = new client.Gauge({
   name: "kubeproxy_sync_proxy_rules_iptables_last",
   help: "[ALPHA] Number of iptables rules written by kube-proxy in last sync",
   labelNames: ["ip_family", "table"] as const,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const nftablesSyncFailuresTotal = new client.Counter({
   name: "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
   help: "[ALPHA] Cumulative proxy nftables sync failures",
   labelNames: family,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const nftablesCleanupFailuresTotal = new client.Counter({
   name: "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
   help: "[ALPHA] Cumulative proxy nftables cleanup failures",
   labelNames: family,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const conntrackReconcilerSyncDuration = new client.Histogram({
@@ -146,33 +149,33 @@ export const conntrackReconcilerSyncDuration = new client.Histogram({
   help: "[ALPHA] ReconcileConntrackFlowsLatency latency in seconds",
   labelNames: family,
   buckets: syncBuckets,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const conntrackReconcilerDeletedEntriesTotal = new client.Counter({
   name: "kubeproxy_conntrack_reconciler_deleted_entries_total",
   help: "[ALPHA] Cumulative conntrack flows deleted by conntrack reconciler",
   labelNames: family,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const proxyHealthzTotal = new client.Counter({
   name: "kubeproxy_proxy_healthz_total",
   help: "[ALPHA] Cumulative proxy healthz HTTP status",
   labelNames: ["code"] as const,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 export const proxyLivezTotal = new client.Counter({
   name: "kubeproxy_proxy_livez_total",
   help: "[ALPHA] Cumulative proxy livez HTTP status",
   labelNames: ["code"] as const,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
-/** The exposition text of every registered metric. */
+/** The exposition text of every metric of every mode. */
 export function metricsText(): Promise<string> {
-  return registry.metrics();
+  return allMetrics.metrics();
 }
 
 /**
@@ -184,7 +187,7 @@ export const syncFailuresTotal = new client.Counter({
   name: "denokubeproxy_sync_proxy_rules_failures_total",
   help: "Cumulative failed proxy rule syncs (any dataplane)",
   labelNames: family,
-  registers: [registry],
+  registers: [allMetrics],
 });
 
 /** A counter whose value is read at scrape time (upstream's nfacct collectors). */
@@ -228,5 +231,54 @@ export function registerNfacctMetrics(read: (counter: string) => Promise<number 
   for (const [name, help, counter] of metrics) {
     if (registry.getSingleMetric(name)) continue;
     registry.registerMetric(externalCounter(name, help, () => read(counter)) as unknown as client.Metric);
+  }
+}
+
+/** Metrics of every mode (upstream's RegisterMetrics core list, plus our cross-mode failure counter). */
+const CORE_METRICS: client.Metric[] = [
+  syncProxyRulesDuration,
+  syncProxyRulesLastQueuedTimestamp,
+  syncProxyRulesLastTimestamp,
+  endpointChangesPending,
+  endpointChangesTotal,
+  serviceChangesPending,
+  serviceChangesTotal,
+  proxyHealthzTotal,
+  proxyLivezTotal,
+  networkProgrammingDuration,
+  noLocalEndpointsTotal,
+  syncFailuresTotal,
+];
+
+const conntrackMetrics = [conntrackReconcilerSyncDuration, conntrackReconcilerDeletedEntriesTotal];
+
+/** Each mode's own metrics, as upstream's RegisterMetrics switch (pkg/proxy/metrics/metrics.go). */
+const MODE_METRICS: Record<string, client.Metric[]> = {
+  iptables: [
+    syncFullProxyRulesDuration,
+    syncPartialProxyRulesDuration,
+    iptablesRestoreFailuresTotal,
+    iptablesPartialRestoreFailuresTotal,
+    iptablesRulesTotal,
+    iptablesRulesLastSync,
+    ...conntrackMetrics,
+  ],
+  ipvs: [iptablesRestoreFailuresTotal, ...conntrackMetrics],
+  nftables: [
+    syncFullProxyRulesDuration,
+    syncPartialProxyRulesDuration,
+    nftablesSyncFailuresTotal,
+    nftablesCleanupFailuresTotal,
+    ...conntrackMetrics,
+  ],
+};
+
+/**
+ * Serves the core metrics and those of `mode` on /metrics, as upstream registers them: an operator sees the
+ * metrics of the mode that runs, not zeros of the others. Registering again is a no-op.
+ */
+export function registerMetrics(mode: string): void {
+  for (const m of [...CORE_METRICS, ...(MODE_METRICS[mode] ?? [])]) {
+    if (!registry.getSingleMetric((m as unknown as { name: string }).name)) registry.registerMetric(m);
   }
 }

@@ -1,11 +1,11 @@
 /**
  * The metrics server on `metricsBindAddress` (default `127.0.0.1:10249`): `/metrics` (Prometheus text
- * exposition of every `kubeproxy_*` metric), `/healthz` (a plain "ok" ping) and `/proxyMode` (the mode
+ * exposition of the core `kubeproxy_*` metrics and the running mode's, as upstream registers them), `/healthz` (a plain "ok" ping) and `/proxyMode` (the mode
  * string), as upstream's `serveMetrics`.
  * @module
  */
 import { type BindOptions, SingleListenerServer } from "./listen.ts";
-import { registry } from "../metrics.ts";
+import { registerMetrics, registry } from "../metrics.ts";
 
 /** Options of {@linkcode MetricsServer}. */
 export interface MetricsServerOptions extends BindOptions {
@@ -17,6 +17,7 @@ export interface MetricsServerOptions extends BindOptions {
 export class MetricsServer extends SingleListenerServer {
   constructor(private readonly opts: MetricsServerOptions) {
     super("metrics", opts);
+    registerMetrics(opts.mode);
   }
 
   /** Handles one request (exposed for tests without sockets). */
