@@ -204,8 +204,12 @@ export interface SandboxAgentOptions {
   nodeName: string;
   /** `--cluster-cidr` (comma-separated for dual-stack). @default "10.244.0.0/16" */
   clusterCIDR?: string;
-  /** `--iptables-sync-period` in seconds. @default 5 */
+  /** `--iptables-sync-period` in seconds (the sync period of iptables and nftables mode). @default 5 */
   syncPeriodS?: number;
+  /** `--proxy-mode`. @default "iptables" */
+  mode?: "iptables" | "nftables" | "ipvs";
+  /** More flags. */
+  extraArgs?: string[];
 }
 
 /**
@@ -224,10 +228,13 @@ export function startSandboxAgent(
     "--hostname-override",
     opts.nodeName,
     `--cluster-cidr=${opts.clusterCIDR ?? "10.244.0.0/16"}`,
-    `--iptables-sync-period=${opts.syncPeriodS ?? 5}s`,
-    "--iptables-min-sync-period=0s",
+    `--proxy-mode=${opts.mode ?? "iptables"}`,
+    ...(opts.mode === "ipvs"
+      ? [`--ipvs-sync-period=${opts.syncPeriodS ?? 5}s`, "--ipvs-min-sync-period=0s"]
+      : [`--iptables-sync-period=${opts.syncPeriodS ?? 5}s`, "--iptables-min-sync-period=0s"]),
     "--conntrack-max-per-core=0",
     "-v=2",
+    ...(opts.extraArgs ?? []),
   ]);
   return sb.spawn(sb.node, cmd, args);
 }

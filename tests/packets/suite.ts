@@ -1,11 +1,13 @@
 /**
- * Packet-level tests of the real agent (issue #5 item 7): `main.ts`, started with exactly the `start`
- * task's permission flags, runs in the sandbox's node namespace against the API server simulator (a child
- * process in the same namespace) and programs the default iptables backend there; real TCP/UDP traffic
- * from the client, the node and pods checks reachability, balance, affinity, source IPs, REJECT/DROP,
- * conntrack cleanup, self-repair, restarts and `--cleanup`.
+ * The real-packet suite every proxy mode runs: `main.ts`, started with exactly the `start` task's permission
+ * flags and `--proxy-mode=<mode>`, runs in the sandbox's node namespace against the API server simulator (a
+ * child process in the same namespace); real TCP/UDP traffic from the client, the node and pods checks
+ * reachability, balance, affinity, source IPs, REJECT/DROP, conntrack cleanup, self-repair, restarts and
+ * `--cleanup`. What differs between modes (tools, how rules are wiped, what `--cleanup` must leave, steps
+ * of one mode only) comes from a {@linkcode PacketMode}.
  *
  * One sandbox and one agent serve all steps (start-up costs seconds); each step uses its own Service.
+ * @module
  */
 
 import assert from "node:assert/strict";
@@ -23,20 +25,53 @@ import {
   tally,
 } from "./helpers.ts";
 
-const unavailable = sandboxUnavailableReason([
-  "ip",
-  "iptables",
-  "iptables-save",
-  "conntrack",
-  "sysctl",
-  "nfacct",
-]);
 const NODE = "node1";
 const OTHER_NODE = "node2";
 const SYNC_PERIOD_S = 5;
 
-function startAgent(sb: Sandbox, kubeconfig: string): SandboxProcess {
-  return startSandboxAgent(sb, kubeconfig, { nodeName: NODE, syncPeriodS: SYNC_PERIOD_S });
+/** What the steps of one mode need. */
+export interface StepContext {
+  sb: Sandbox;
+  /** Probes in the client, the node and a pod that is no endpoint. */
+  pc: Probe;
+  pn: Probe;
+  px: Probe;
+}
+
+/** The parts of the suite that differ between modes. */
+export interface PacketMode {
+  mode: "iptables" | "nftables" | "ipvs";
+  /** Programs the mode (and the suite) needs in the node namespace. */
+  tools: string[];
+  /** More agent flags. */
+  extraArgs?: string[];
+  /** Steps of this mode only, run after the LoadBalancer step: `[name, fn]`. */
+  extraSteps?: [string, (ctx: StepContext) => Promise<void>][];
+  /** A partial external flush the agent must repair within syncPeriod (beyond upstream); none if absent. */
+  partialFlush?: { name: string; run: (sb: Sandbox) => Promise<void> };
+  /** What a firewall reload does to this mode's rules. */
+  wipe: (sb: Sandbox) => Promise<void>;
+  /** What `--cleanup` must have removed and is still there (empty when clean). */
+  leftovers: (sb: Sandbox) => Promise<string[]>;
+}
+
+/** Registers the suite for one mode. */
+export function definePacketSuite(m: PacketMode): void {
+  const unavailable = sandboxUnavailableReason(["ip", "conntrack", "sysctl", ...m.tools]);
+  const startAgent = (sb: Sandbox, kubeconfig: string): SandboxProcess =>
+    startSandboxAgent(sb, kubeconfig, {
+      nodeName: NODE,
+      syncPeriodS: SYNC_PERIOD_S,
+      mode: m.mode,
+      extraArgs: m.extraArgs,
+    });
+  Deno.test({
+    name: `packets (${m.mode}): the agent's rules carry real traffic`,
+    ignore: unavailable !== undefined,
+    sanitizeResources: false,
+    sanitizeOps: false,
+    fn: (t) => runSuite(t, m, startAgent),
+  });
 }
 
 /** Waits until the agent's rules carry the "web" ClusterIP; fails at once if the agent exits. */
@@ -62,12 +97,12 @@ async function hits(probe: Probe, host: string, port: number, count: number, opt
   return await probe.repeat({ op: "tcp", host, port, timeoutMs: 1000, ...opts }, count);
 }
 
-Deno.test({
-  name: "dataplane: the agent's iptables rules carry real traffic",
-  ignore: unavailable !== undefined,
-  sanitizeResources: false,
-  sanitizeOps: false,
-  fn: async (t) => {
+async function runSuite(
+  t: Deno.TestContext,
+  m: PacketMode,
+  startAgent: (sb: Sandbox, kubeconfig: string) => SandboxProcess,
+): Promise<void> {
+  {
     const sb = await Sandbox.create({
       pods: ["pod-a", "pod-b", "pod-c", "pod-x"],
       extraClientIPs: ["192.168.77.3"],
@@ -158,35 +193,14 @@ Deno.test({
         }
       });
 
-      await t.step(
-        "a localhost NodePort from the node works and is counted by upstream's nfacct metric",
-        async () => {
-          const metric = async () => {
-            const r = await sb.tryExec(sb.node, Deno.execPath(), [
-              "eval",
-              "const r = await fetch('http://127.0.0.1:10249/metrics'); console.log(await r.text())",
-            ]);
-            const line = r.stdout.split("\n").find((l) =>
-              l.startsWith("kubeproxy_iptables_localhost_nodeports_accepted_packets_total ")
-            );
-            return line === undefined ? null : Number(line.split(" ")[1]);
-          };
-          const before = await metric();
-          assert.notEqual(before, null, "the metric is exposed");
-          for (let i = 0; i < 3; i++) assert.equal((await pn.tcp("127.0.0.1", 30080)).result, "ok");
-          const after = await metric();
-          assert.ok(after! >= before! + 3, `${before} -> ${after}`);
-          const invalid = (await sb.exec(sb.node, "nfacct", ["get", "ct_state_invalid_dropped_pkts"])).stdout;
-          assert.match(invalid, /= ct_state_invalid_dropped_pkts;/);
-        },
-      );
-
       await t.step("LoadBalancer IP and externalIP from the client", async () => {
         for (const ip of ["172.30.0.10", "172.30.0.20"]) {
           const got = tally(await hits(pc, ip, 80, 40));
           assert.deepEqual(Object.keys(got).sort(), ["pod-a", "pod-c"], `${ip}: ${JSON.stringify(got)}`);
         }
       });
+
+      for (const [name, fn] of m.extraSteps ?? []) await t.step(name, () => fn({ sb, pc, pn, px }));
 
       await t.step("loadBalancerSourceRanges allow the listed client and drop others", async () => {
         assert.equal((await pc.tcp("172.30.0.11", 80)).answer?.split(" ")[0], "pod-a");
@@ -265,19 +279,18 @@ Deno.test({
         await pc.closeConn(held.conn!);
       });
 
-      await t.step(
-        `iptables -t nat -F KUBE-SERVICES is repaired within syncPeriod (${SYNC_PERIOD_S}s)`,
-        async () => {
-          // The canary chains survive this flush, so the agent must notice the empty chain itself; no API
-          // change happens meanwhile that would cause a sync anyway.
-          await sb.exec(sb.node, "iptables", ["-w", "5", "-t", "nat", "-F", "KUBE-SERVICES"]);
+      if (m.partialFlush) {
+        const flush = m.partialFlush;
+        await t.step(`${flush.name} is repaired within syncPeriod (${SYNC_PERIOD_S}s)`, async () => {
+          // No API change happens meanwhile that would cause a sync anyway.
+          await flush.run(sb);
           assert.notEqual(
             (await pn.tcp("10.96.0.10", 80, { timeoutMs: 300 })).result,
             "ok",
             "flush had no effect",
           );
           await eventually(
-            "KUBE-SERVICES to be repaired",
+            "the flushed rules to be repaired",
             async () => {
               const r = await pn.tcp("10.96.0.10", 80, { timeoutMs: 300 });
               return r.result === "ok" ? r : undefined;
@@ -285,17 +298,13 @@ Deno.test({
             (SYNC_PERIOD_S + 2) * 1000,
             200,
           );
-        },
-      );
+        });
+      }
 
       await t.step(
         `rules wiped by a firewall reload are restored within syncPeriod (${SYNC_PERIOD_S}s)`,
         async () => {
-          // What a firewall reload does: flush every chain, then delete every user chain (canaries included).
-          for (const table of ["nat", "filter", "mangle"]) {
-            await sb.exec(sb.node, "iptables", ["-w", "5", "-t", table, "-F"]);
-            await sb.exec(sb.node, "iptables", ["-w", "5", "-t", table, "-X"]);
-          }
+          await m.wipe(sb);
           assert.notEqual(
             (await pn.tcp("10.96.0.10", 80, { timeoutMs: 300 })).result,
             "ok",
@@ -314,20 +323,12 @@ Deno.test({
         },
       );
 
-      await t.step("--cleanup leaves no KUBE- chain (but kubelet's KUBE-FIREWALL)", async () => {
+      await t.step("--cleanup leaves nothing of the mode behind", async () => {
         await agent!.stop(10_000);
         const [cmd, ...args] = agentCommand(["--cleanup"]);
         const r = await sb.tryExec(sb.node, cmd, args, undefined, 60_000);
         assert.equal(r.code, 0, r.stderr);
-        for (const save of ["iptables-save", "iptables-legacy-save", "iptables-nft-save"]) {
-          const out = await sb.tryExec(sb.node, save, []);
-          if (out.code === 127) continue;
-          // As upstream's CleanupLeftovers, kubelet's KUBE-FIREWALL (which kube-proxy only duplicates) stays.
-          const left = out.stdout.split("\n").filter((l) =>
-            l.includes("KUBE-") && !l.includes("KUBE-FIREWALL")
-          );
-          assert.deepEqual(left, [], `${save}:\n${out.stdout}`);
-        }
+        assert.deepEqual(await m.leftovers(sb), []);
       });
     } finally {
       await agent?.stop(5000).catch(() => {});
@@ -335,5 +336,5 @@ Deno.test({
       await sb.destroy();
     }
     assert.deepEqual(listNetns().filter((n) => n.startsWith(sb.prefix)), []);
-  },
-});
+  }
+}
