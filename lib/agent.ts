@@ -16,6 +16,7 @@ import {
   type Informer,
   newEndpointSliceInformer,
   newNodeInformer,
+  newServiceCIDRInformer,
   newServiceInformer,
 } from "./kube/informer.ts";
 import { KubeConfigError } from "./kube/kubeconfig.ts";
@@ -282,9 +283,15 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     onDelete: (s) => proxier.onEndpointSliceDelete(s),
   });
   slices.onSynced(() => proxier.onEndpointSlicesSynced());
+  // Upstream watches ServiceCIDRs since MultiCIDRServiceAllocator went GA; every CIDR of every object counts.
+  const serviceCIDRs = newServiceCIDRInformer(client, { resyncMs });
+  const pushCIDRs = () =>
+    proxier.onServiceCIDRsChanged(serviceCIDRs.list().flatMap((c) => c.spec?.cidrs ?? []));
+  serviceCIDRs.addEventHandler({ onAdd: pushCIDRs, onUpdate: pushCIDRs, onDelete: pushCIDRs });
   services.start(abort.signal);
   slices.start(abort.signal);
-  stops.push(() => services.stop(), () => slices.stop());
+  serviceCIDRs.start(abort.signal);
+  stops.push(() => services.stop(), () => slices.stop(), () => serviceCIDRs.stop());
 
   if (opts.configFile !== "") {
     // Upstream exits when its config file changes so that the DaemonSet restarts it with the new one.

@@ -28,7 +28,7 @@ import tls from "node:tls";
 import net from "node:net";
 
 /** The resources the simulator serves. */
-export type ResourceName = "services" | "endpointslices" | "nodes" | "events";
+export type ResourceName = "services" | "endpointslices" | "nodes" | "events" | "servicecidrs";
 
 interface ResourceInfo {
   name: ResourceName;
@@ -48,6 +48,13 @@ const RESOURCES: Record<ResourceName, ResourceInfo> = {
     namespaced: true,
   },
   nodes: { name: "nodes", kind: "Node", apiVersion: "v1", prefix: "/api/v1", namespaced: false },
+  servicecidrs: {
+    name: "servicecidrs",
+    kind: "ServiceCIDR",
+    apiVersion: "networking.k8s.io/v1",
+    prefix: "/apis/networking.k8s.io/v1",
+    namespaced: false,
+  },
   events: {
     name: "events",
     kind: "Event",
@@ -260,6 +267,7 @@ const FIELDS: Record<ResourceName, string[]> = {
   services: ["metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"],
   endpointslices: ["metadata.name", "metadata.namespace", "addressType"],
   nodes: ["metadata.name", "spec.unschedulable"],
+  servicecidrs: ["metadata.name"],
   events: ["metadata.name", "metadata.namespace", "reason", "type", "reportingController"],
 };
 

@@ -26,6 +26,8 @@ export function resourceOfKind(kind: string | undefined): ResourceName {
       return "services";
     case "EndpointSlice":
       return "endpointslices";
+    case "ServiceCIDR":
+      return "servicecidrs";
     case "Node":
       return "nodes";
     default:

@@ -93,7 +93,7 @@ export function makeState(s: SvcSpec, eps: EpSpec[]): ServicePortState {
 
 export function snapshot(
   states: ServicePortState[],
-  opts: { family?: IPFamily; changed?: string[] | null; nodeIPs?: string[] } = {},
+  opts: { family?: IPFamily; changed?: string[] | null; nodeIPs?: string[]; serviceCIDRs?: string[] } = {},
 ): ProxySnapshot {
   const m = new Map<string, ServicePortState>();
   let total = 0;
@@ -107,6 +107,7 @@ export function snapshot(
     changedServices: opts.changed === undefined ? null : opts.changed === null ? null : new Set(opts.changed),
     node: { name: TEST_NODE, ips: opts.nodeIPs ?? ["192.168.0.2"], labels: {} },
     totalEndpoints: total,
+    serviceCIDRs: opts.serviceCIDRs ?? [],
   };
 }
 

@@ -14,7 +14,7 @@
  */
 
 import { log, type Logger } from "../log.ts";
-import type { EndpointSlice, KubeObject, Node, Service } from "./types.ts";
+import type { EndpointSlice, KubeObject, Node, Service, ServiceCIDR } from "./types.ts";
 import { LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME } from "./types.ts";
 import type { KubeClient } from "./client.ts";
 import { Reflector, type ReflectorOptions, type ReflectorStore } from "./reflector.ts";
@@ -251,6 +251,21 @@ export function newEndpointSliceInformer(
 ): Informer<EndpointSlice> {
   return new Informer<EndpointSlice>(client, "/apis/discovery.k8s.io/v1/endpointslices", {
     name: "endpointslices",
+    labelSelector: PROXY_LABEL_SELECTOR,
+    ...opts,
+  });
+}
+
+/**
+ * ServiceCIDRs (`/apis/networking.k8s.io/v1/servicecidrs`), with the label selector upstream's shared informer
+ * factory puts on it; watched since MultiCIDRServiceAllocator went GA (v1.33).
+ */
+export function newServiceCIDRInformer(
+  client: KubeClient,
+  opts: InformerOptions = {},
+): Informer<ServiceCIDR> {
+  return new Informer<ServiceCIDR>(client, "/apis/networking.k8s.io/v1/servicecidrs", {
+    name: "servicecidrs",
     labelSelector: PROXY_LABEL_SELECTOR,
     ...opts,
   });

@@ -131,6 +131,11 @@ export interface Node extends KubeObject {
   status?: { addresses?: NodeAddress[] };
 }
 
+/** networking.k8s.io/v1 ServiceCIDR: a range ClusterIPs are allocated from. */
+export interface ServiceCIDR extends KubeObject {
+  spec?: { cidrs?: string[] };
+}
+
 /** A list response (ServiceList, EndpointSliceList, NodeList). */
 export interface KubeList<T> {
   apiVersion?: string;

@@ -13,6 +13,7 @@
  */
 import type { EndpointSlice, Node, Service } from "../kube/types.ts";
 import { log } from "../log.ts";
+import { familyOf } from "../net/ip.ts";
 import {
   networkProgrammingDuration,
   noLocalEndpointsTotal,
@@ -90,6 +91,8 @@ export class Proxier {
   #nodeLabels: Record<string, string> = {};
   #topology: Record<string, string> = {};
   #node: Node | undefined;
+  /** CIDRs of every ServiceCIDR object, both families. */
+  #serviceCIDRs: readonly string[] = [];
   /** Recompute every selection on the next sync (node topology changed). */
   #selectionStale = false;
   #pollTimer: TimerId | null = null;
@@ -194,6 +197,18 @@ export class Proxier {
       if (f.family === slice.addressType) changed = f.endpoints.update(slice, remove) || changed;
     }
     if (changed && this.#initialized) this.sync();
+  }
+
+  /**
+   * The cluster's ServiceCIDRs changed (upstream's OnServiceCIDRsChanged, with every CIDR of every object).
+   * Upstream only uses the new list at its next full sync; here the next sync (queued now) carries it.
+   */
+  onServiceCIDRsChanged(cidrs: readonly string[]): void {
+    const sorted = [...new Set(cidrs)].sort();
+    if (sameStrings(sorted, this.#serviceCIDRs)) return;
+    this.#serviceCIDRs = sorted;
+    log.v(4).info("Updated service CIDRs", { cidrs: sorted });
+    if (this.#initialized) this.sync();
   }
 
   /** Node informer (own Node only): added. */
@@ -335,7 +350,9 @@ export class Proxier {
     const changedServices = f.services.apply();
     const ep = f.endpoints.checkout();
     for (const k of ep.changedServices) changedServices.add(k);
-    if (!full && !selectionStale && changedServices.size === 0) {
+    const cidrs = f.lastSnapshot?.serviceCIDRs;
+    const cidrsChanged = cidrs !== undefined && !sameStrings(cidrs, this.#familyServiceCIDRs(f.family));
+    if (!full && !selectionStale && changedServices.size === 0 && !cidrsChanged) {
       // Nothing of this family changed (e.g. an IPv4-only slice update in a dual-stack agent): the kernel
       // already holds exactly what a partial sync would write, so skip the restore and its latency.
       this.opts.healthServer?.updated(f.family);
@@ -434,7 +451,19 @@ export class Proxier {
       ips: nodeIPsOfFamily(this.#node, f.family),
       labels: this.#nodeLabels,
     };
-    return { family: f.family, servicePorts, changedServices: full ? null : changed, node, totalEndpoints };
+    const serviceCIDRs = this.#familyServiceCIDRs(f.family);
+    return {
+      family: f.family,
+      servicePorts,
+      changedServices: full ? null : changed,
+      node,
+      totalEndpoints,
+      serviceCIDRs,
+    };
+  }
+
+  #familyServiceCIDRs(family: IPFamily): string[] {
+    return this.#serviceCIDRs.filter((c) => familyOf(c) === family);
   }
 
   #recordNoLocalEndpoints(snapshot: ProxySnapshot): void {
@@ -473,4 +502,8 @@ export class Proxier {
     server.syncServices(ports);
     server.syncEndpoints(counts);
   }
+}
+
+function sameStrings(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((x, i) => x === b[i]);
 }

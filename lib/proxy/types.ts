@@ -119,6 +119,8 @@ export interface ProxySnapshot {
   readonly node: NodeState;
   /** Total number of endpoints over all service ports (large-cluster mode threshold). */
   readonly totalEndpoints: number;
+  /** The cluster's ServiceCIDRs of this family (ClusterIPs outside them are unallocated); sorted. */
+  readonly serviceCIDRs: readonly string[];
 }
 
 /** What a dataplane reports after applying a snapshot. */

@@ -320,3 +320,24 @@ Deno.test("service health counts a dual-stack pod once (upstream's per-family co
   assert.equal(pushed.at(-1)!.get("ns/lb"), 2, "2 local pods, not 3 addresses");
   await proxier.stop();
 });
+
+Deno.test("Proxier hands each family its ServiceCIDRs and syncs when they change", async () => {
+  const { clock, dps, proxier } = setup(["IPv4", "IPv6"]);
+  proxier.onServiceCIDRsChanged(["fd00:10:96::/112", "10.96.0.0/16"]);
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  assert.deepEqual(dps.get("IPv4")!.last.serviceCIDRs, ["10.96.0.0/16"]);
+  assert.deepEqual(dps.get("IPv6")!.last.serviceCIDRs, ["fd00:10:96::/112"]);
+  const n4 = dps.get("IPv4")!.snapshots.length, n6 = dps.get("IPv6")!.snapshots.length;
+  proxier.onServiceCIDRsChanged(["10.96.0.0/16", "10.97.0.0/16", "fd00:10:96::/112"]);
+  await clock.advance(1000);
+  assert.equal(dps.get("IPv4")!.snapshots.length, n4 + 1, "IPv4 syncs the new CIDR");
+  assert.deepEqual(dps.get("IPv4")!.last.serviceCIDRs, ["10.96.0.0/16", "10.97.0.0/16"]);
+  assert.equal(dps.get("IPv6")!.snapshots.length, n6, "IPv6 saw no change");
+  proxier.onServiceCIDRsChanged(["10.97.0.0/16", "10.96.0.0/16", "fd00:10:96::/112"]);
+  await clock.advance(1000);
+  assert.equal(dps.get("IPv4")!.snapshots.length, n4 + 1, "same set in another order: nothing to do");
+  await proxier.stop();
+});
