@@ -8,7 +8,7 @@
  * @module
  */
 
-import { createHash } from "node:crypto";
+import { base32Sha256 } from "../name_hash.ts";
 
 /** Prefix of the Cluster-policy chain of a service port. */
 export const SVC_PREFIX = "KUBE-SVC-";
@@ -21,25 +21,9 @@ export const FW_PREFIX = "KUBE-FW-";
 /** Prefix of an endpoint chain. */
 export const SEP_PREFIX = "KUBE-SEP-";
 
-const B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-
-/** First 16 characters of RFC 4648 base32 (standard alphabet) of the SHA-256 of `input`. */
+/** First 16 characters of base32(sha256(`input`)): upstream's iptables chain hash. */
 export function hash16(input: string): string {
-  const d = createHash("sha256").update(input).digest();
-  // 16 base32 characters = 80 bits = the first 10 bytes.
-  let out = "";
-  let bits = 0;
-  let value = 0;
-  for (let i = 0; i < 10; i++) {
-    value = (value << 8) | d[i];
-    bits += 8;
-    while (bits >= 5) {
-      out += B32[(value >>> (bits - 5)) & 31];
-      bits -= 5;
-    }
-    value &= 0xff;
-  }
-  return out;
+  return base32Sha256(input, 16);
 }
 
 /** The four chain names that share one service-port hash. */
