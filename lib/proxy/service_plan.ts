@@ -39,7 +39,9 @@ export interface ServicePortPlan {
    * needed even without external endpoints, for the short-circuit rules of traffic from pods and the node.
    */
   readonly usesExternalChain: boolean;
-  /** The firewall chain exists: LoadBalancer VIPs with loadBalancerSourceRanges, and endpoints. */
+  /** The port has LoadBalancer VIPs and loadBalancerSourceRanges (nftables writes its firewall then). */
+  readonly firewalled: boolean;
+  /** The iptables firewall chain exists: firewalled, and endpoints (iptables rejects before it otherwise). */
   readonly usesFirewallChain: boolean;
   /** The verdict for ClusterIP traffic without endpoints; null when it has endpoints. */
   readonly internalVerdict: NoEndpointVerdict | null;
@@ -57,6 +59,7 @@ export function planServicePort(info: ServicePortInfo, sel: EndpointSelection): 
   const hasInternalEndpoints = hasEndpoints && !(info.internalPolicyLocal && !hasLocal);
   const hasExternalEndpoints = hasEndpoints && !(externalPolicyLocal && !hasLocal);
   // With no endpoints at all, traffic is rejected; with endpoints only elsewhere under a Local policy, dropped.
+  const firewalled = info.loadBalancerVIPs.length > 0 && info.loadBalancerSourceRanges.length > 0;
   const verdict = (has: boolean): NoEndpointVerdict | null => has ? null : hasEndpoints ? "drop" : "reject";
   return {
     externallyAccessible,
@@ -69,8 +72,8 @@ export function planServicePort(info: ServicePortInfo, sel: EndpointSelection): 
     hasInternalEndpoints,
     hasExternalEndpoints,
     usesExternalChain: hasEndpoints && externallyAccessible,
-    usesFirewallChain: hasEndpoints && info.loadBalancerVIPs.length > 0 &&
-      info.loadBalancerSourceRanges.length > 0,
+    firewalled,
+    usesFirewallChain: hasEndpoints && firewalled,
     internalVerdict: verdict(hasInternalEndpoints),
     externalVerdict: verdict(hasExternalEndpoints),
   };

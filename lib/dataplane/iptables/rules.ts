@@ -13,6 +13,7 @@ import { endpointChainName, servicePortChains } from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
 import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED } from "./nfacct.ts";
 import { cidrContains } from "../../net/ip.ts";
+export { masqueradeMark } from "../masquerade.ts";
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
 export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;
@@ -35,11 +36,6 @@ export const KUBE_MARK_MASQ = "KUBE-MARK-MASQ";
 export const KUBE_FIREWALL = "KUBE-FIREWALL";
 /** Empty chain in mangle, nat and filter whose disappearance reveals an external flush. */
 export const KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY";
-
-/** Formats the masquerade mark as Go's `%#08x` of `1 << bit` (bit 14 → `0x00004000`). */
-export function masqueradeMark(bit: number): string {
-  return "0x" + ((1 << bit) >>> 0).toString(16).padStart(8, "0");
-}
 
 const probabilities: string[] = ["<bad value>"];
 

@@ -1,10 +1,14 @@
 /**
- * The nftables mode's factory. Today it only cleans up: the `ip kube-proxy` and `ip6 kube-proxy` tables.
+ * The nftables mode's factory: upstream's start-up checks (nft >= 1.0.1, kernel >= 5.13 unless
+ * `KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK` is set), a family probe (`nft --check` of the family's
+ * table), one {@linkcode NftablesDataplane} per family, and the removal of the `kube-proxy` tables.
  * @module
  */
 import type { CommandRunner } from "../../exec.ts";
 import type { Logger } from "../../log.ts";
 import type { Dataplane, IPFamily } from "../../proxy/types.ts";
+import { type DetectLocalMode, localTrafficFor } from "../local_traffic.ts";
+import { NftablesDataplane } from "./dataplane.ts";
 import {
   type CleanupReport,
   type DataplaneMode,
@@ -13,8 +17,10 @@ import {
   type ProxyModeName,
 } from "../mode.ts";
 
+import { TABLE } from "./names.ts";
+
 /** The table name upstream's nftables mode uses in both families. */
-export const KUBE_PROXY_TABLE = "kube-proxy";
+export const KUBE_PROXY_TABLE = TABLE;
 
 async function tryRun(runner: CommandRunner, cmd: string, args: string[]) {
   try {
@@ -24,23 +30,117 @@ async function tryRun(runner: CommandRunner, cmd: string, args: string[]) {
   }
 }
 
+/** Upstream's minimum nft version (older ones parse the whole ruleset and can crash on others' rules). */
+export const MIN_NFT_VERSION = [1, 0, 1] as const;
+/** Upstream's minimum kernel (`utilkernel.NFTablesKubeProxyKernelVersion`). */
+export const MIN_KERNEL_VERSION = [5, 13, 0] as const;
+
+/** Parses `1.0.6` out of `nftables v1.0.6 (Lester Gooch #5)` or a kernel release `6.1.0-28-amd64`. */
+export function parseVersion(text: string): number[] | null {
+  const m = text.match(/(\d+)\.(\d+)(?:\.(\d+))?/);
+  return m ? [Number(m[1]), Number(m[2]), Number(m[3] ?? 0)] : null;
+}
+
+/** a < b, component-wise. */
+export function versionLess(a: readonly number[], b: readonly number[]): boolean {
+  for (let i = 0; i < 3; i++) if ((a[i] ?? 0) !== (b[i] ?? 0)) return (a[i] ?? 0) < (b[i] ?? 0);
+  return false;
+}
+
 /** A fresh nftables mode. */
 export function newNftablesMode(): DataplaneMode {
-  const notYet = () =>
-    new ModeUnavailableError(
-      "nftables",
-      'proxy mode "nftables" is not implemented yet; use --proxy-mode=iptables',
-    );
   return {
     name: "nftables",
-    checkHost(_ctx: ModeContext): Promise<void> {
-      return Promise.reject(notYet());
+
+    async checkHost(ctx: ModeContext): Promise<void> {
+      ctx.logger.info("Using nftables Proxier");
+      const v = await tryRun(ctx.runner, "nft", ["--version"]);
+      if (v.code !== 0) {
+        throw new ModeUnavailableError(
+          "nftables",
+          `nftables mode needs the nft program (>= ${MIN_NFT_VERSION.join(".")}): ${
+            v.stderr.trim() || "not found"
+          }`,
+        );
+      }
+      const version = parseVersion(v.stdout);
+      if (version === null || versionLess(version, MIN_NFT_VERSION)) {
+        throw new ModeUnavailableError(
+          "nftables",
+          `nft version must be v${MIN_NFT_VERSION.join(".")} or later; got ${v.stdout.trim()}`,
+        );
+      }
+      if ((Deno.env.get("KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK") ?? "") === "") {
+        const release = Deno.osRelease();
+        const kernel = parseVersion(release);
+        if (kernel === null) {
+          throw new ModeUnavailableError(
+            "nftables",
+            `could not check kernel version: unparseable "${release}"`,
+          );
+        }
+        if (versionLess(kernel, MIN_KERNEL_VERSION)) {
+          throw new ModeUnavailableError(
+            "nftables",
+            `kube-proxy in nftables mode requires kernel ${MIN_KERNEL_VERSION.join(".")} or later` +
+              ` (this is ${release}; set KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK to try anyway)`,
+          );
+        }
+      }
     },
-    probeFamilies(_ctx: ModeContext): Promise<IPFamily[]> {
-      return Promise.reject(notYet());
+
+    async probeFamilies(ctx: ModeContext): Promise<IPFamily[]> {
+      const works = async (family: IPFamily) => {
+        const fam = family === "IPv6" ? "ip6" : "ip";
+        const r = await ctx.runner.tryRun({
+          cmd: "nft",
+          args: ["--check", "-f", "-"],
+          stdin: `add table ${fam} ${KUBE_PROXY_TABLE}\n`,
+        }).catch((err: Error) => ({ code: 1, stdout: "", stderr: err.message }));
+        return r.code === 0 ? null : r.stderr.trim() || `exit ${r.code}`;
+      };
+      const primary = ctx.primaryFamily;
+      const secondary: IPFamily = primary === "IPv4" ? "IPv6" : "IPv4";
+      const err = await works(primary);
+      if (err !== null) {
+        throw new ModeUnavailableError(
+          "nftables",
+          `nftables is not usable for ${primary} on this host: ${err}`,
+        );
+      }
+      const err2 = await works(secondary);
+      if (err2 === null) return [primary, secondary];
+      ctx.logger.info("No nftables support for family", { ipFamily: secondary, error: err2 });
+      return [primary];
     },
-    createDataplanes(_ctx: ModeContext, _families: readonly IPFamily[]): Promise<Map<IPFamily, Dataplane>> {
-      return Promise.reject(notYet());
+
+    createDataplanes(ctx: ModeContext, families: readonly IPFamily[]): Promise<Map<IPFamily, Dataplane>> {
+      const o = ctx.options;
+      const cfg = o.config;
+      const out = new Map<IPFamily, Dataplane>();
+      for (const family of families) {
+        out.set(
+          family,
+          new NftablesDataplane({
+            family,
+            runner: ctx.runner,
+            masqueradeBit: o.masqueradeBit,
+            masqueradeAll: o.masqueradeAll,
+            localTraffic: localTrafficFor({
+              mode: o.detectLocalMode as DetectLocalMode,
+              family,
+              clusterCIDRs: o.clusterCIDRs,
+              podCIDRs: ctx.podCIDRs,
+              bridgeInterface: cfg.detectLocal.bridgeInterface,
+              interfaceNamePrefix: cfg.detectLocal.interfaceNamePrefix,
+            }),
+            nodePortAddresses: o.nodePortAddresses,
+            nodeIP: cfg.bindAddress,
+            logger: ctx.logger,
+          }),
+        );
+      }
+      return Promise.resolve(out);
     },
 
     async cleanup(

@@ -1,0 +1,364 @@
+/**
+ * nftables rendering, rule for rule as upstream v1.35's nftables proxier (`setupNFTables` and the per-service
+ * loop of `syncProxyRules`): the fixed table layout, and for each service port its own chains, affinity sets
+ * and the elements it puts into the shared maps and sets. Everything here is plain text in `nft -f -` syntax;
+ * `dataplane.ts` decides what of it goes into a transaction.
+ * @module
+ */
+import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
+import { cidrContains } from "../../net/ip.ts";
+import type { LocalTraffic } from "../local_traffic.ts";
+import { CHAIN, endpointNames, servicePortChainNames, SET, TABLE, TABLE_COMMENT } from "./names.ts";
+
+/** Settings that shape every service port's rules; a change of any invalidates every rendered port. */
+export interface NftRenderConfig {
+  readonly family: IPFamily;
+  /** `masqueradeMark(masqueradeBit)`, e.g. `0x00004000`. */
+  readonly mark: string;
+  readonly masqueradeAll: boolean;
+  readonly localTraffic: LocalTraffic;
+  /** The family's node IP (loadBalancerSourceRanges self-allow); null when unknown. */
+  readonly nodeIP: string | null;
+}
+
+/** `ip` / `ip6`: the table family and the address match keyword. */
+export function nftFamily(family: IPFamily): "ip" | "ip6" {
+  return family === "IPv6" ? "ip6" : "ip";
+}
+
+/** An element of one of the shared maps or sets. */
+export interface NftElement {
+  /** The set or map. */
+  readonly container: string;
+  /** `a . b . c` */
+  readonly key: string;
+  /** The verdict of a map element (`goto chain`, `drop`); null in a set. */
+  readonly value: string | null;
+  readonly comment: string | null;
+}
+
+/** Everything one service port owns in the table. */
+export interface NftPortRender {
+  /** The state this was rendered from (identity check for the cache). */
+  state: ServicePortState;
+  /** The port's chains and their rules (rule text after `add rule <family> kube-proxy <chain> `). */
+  readonly chains: ReadonlyMap<string, readonly string[]>;
+  /** Affinity sets, each with the port's affinity timeout in seconds. */
+  readonly affinitySets: readonly string[];
+  readonly affinityTimeout: number;
+  /** The port's elements in the shared maps and sets. */
+  readonly elements: readonly NftElement[];
+}
+
+function ifLocal(lt: LocalTraffic, ipX: string): string | null {
+  switch (lt.kind) {
+    case "none":
+      return null;
+    case "cidr":
+      return `${ipX} saddr ${lt.cidr}`;
+    case "interface":
+      return `iifname ${lt.name}`;
+    case "interfacePrefix":
+      return `iifname ${lt.prefix}*`;
+  }
+}
+
+function ifNotLocal(lt: LocalTraffic, ipX: string): string | null {
+  switch (lt.kind) {
+    case "none":
+      return null;
+    case "cidr":
+      return `${ipX} saddr != ${lt.cidr}`;
+    case "interface":
+      return `iifname != ${lt.name}`;
+    case "interfacePrefix":
+      return `iifname != ${lt.prefix}*`;
+  }
+}
+
+/** Renders one service port exactly as upstream's per-service loop body. */
+export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): NftPortRender {
+  const { info, selection: sel, plan } = st;
+  const ipX = nftFamily(cfg.family);
+  const proto = info.protocol.toLowerCase();
+  const names = servicePortChainNames(info.name, proto);
+  const port = String(info.port);
+  const comment = info.nameString;
+  const epNames = new Map<string, ReturnType<typeof endpointNames>>();
+  const namesOf = (ep: EndpointInfo) => {
+    let n = epNames.get(ep.endpoint);
+    if (n === undefined) epNames.set(ep.endpoint, n = endpointNames(names.base, ep.ip, ep.port));
+    return n;
+  };
+
+  const clusterChain = names.cluster;
+  const localChain = names.local;
+  const internalChain = plan.internalUsesLocalChain ? localChain : clusterChain;
+  const externalPolicyChain = plan.externalUsesLocalChain ? localChain : clusterChain;
+  const externalChain = names.external;
+  const verdictOf = (v: "reject" | "drop" | null) => v === "drop" ? "drop" : `goto ${CHAIN.reject}`;
+
+  const chains = new Map<string, string[]>();
+  const chain = (name: string) => {
+    let rules = chains.get(name);
+    if (rules === undefined) chains.set(name, rules = []);
+    return rules;
+  };
+  const elements: NftElement[] = [];
+  const element = (container: string, key: string, value: string | null, withComment = false) =>
+    elements.push({ container, key, value, comment: withComment ? comment : null });
+
+  // Chains in upstream's order of creation (the order matters only for readability of a transaction).
+  if (plan.usesClusterPolicyChain) chain(clusterChain);
+  if (plan.usesLocalPolicyChain) chain(localChain);
+  if (plan.usesExternalChain) chain(externalChain);
+
+  // ClusterIP.
+  element(SET.clusterIPs, info.clusterIP, null);
+  if (plan.hasInternalEndpoints) {
+    element(SET.serviceIPs, `${info.clusterIP} . ${proto} . ${port}`, `goto ${internalChain}`);
+  } else {
+    element(
+      SET.noEndpointServices,
+      `${info.clusterIP} . ${proto} . ${port}`,
+      verdictOf(plan.internalVerdict),
+      true,
+    );
+  }
+  // External IPs.
+  for (const ip of info.externalIPs) {
+    if (plan.hasEndpoints) element(SET.serviceIPs, `${ip} . ${proto} . ${port}`, `goto ${externalChain}`);
+    if (!plan.hasExternalEndpoints) {
+      element(SET.noEndpointServices, `${ip} . ${proto} . ${port}`, verdictOf(plan.externalVerdict), true);
+    }
+  }
+  // LoadBalancer VIPs (the firewall chain is written with or without endpoints, unlike iptables').
+  if (plan.firewalled) chain(names.firewall);
+  for (const ip of info.loadBalancerVIPs) {
+    if (plan.hasEndpoints) element(SET.serviceIPs, `${ip} . ${proto} . ${port}`, `goto ${externalChain}`);
+    if (plan.firewalled) element(SET.firewallIPs, `${ip} . ${proto} . ${port}`, `goto ${names.firewall}`);
+  }
+  if (!plan.hasExternalEndpoints) {
+    for (const ip of info.loadBalancerVIPs) {
+      element(SET.noEndpointServices, `${ip} . ${proto} . ${port}`, verdictOf(plan.externalVerdict), true);
+    }
+  }
+  // NodePort.
+  if (info.nodePort !== 0) {
+    if (plan.hasEndpoints) {
+      element(SET.serviceNodePorts, `${proto} . ${info.nodePort}`, `goto ${externalChain}`);
+    }
+    if (!plan.hasExternalEndpoints) {
+      element(SET.noEndpointNodePorts, `${proto} . ${info.nodePort}`, verdictOf(plan.externalVerdict), true);
+    }
+  }
+
+  // Internal traffic: masquerade off-cluster sources (or everything with masqueradeAll).
+  if (plan.hasInternalEndpoints) {
+    if (cfg.masqueradeAll) {
+      chain(internalChain).push(`${ipX} daddr ${info.clusterIP} jump ${CHAIN.markMasq}`);
+    } else {
+      const notLocal = ifNotLocal(cfg.localTraffic, ipX);
+      if (notLocal !== null) {
+        chain(internalChain).push(`${ipX} daddr ${info.clusterIP} ${notLocal} jump ${CHAIN.markMasq}`);
+      }
+    }
+  }
+
+  // External traffic.
+  if (plan.usesExternalChain) {
+    const ext = chain(externalChain);
+    if (!plan.externalPolicyLocal) {
+      ext.push(`jump ${CHAIN.markMasq}`);
+    } else {
+      const local = ifLocal(cfg.localTraffic, ipX);
+      if (local !== null) ext.push(`${local} goto ${clusterChain} comment "short-circuit pod traffic"`);
+      ext.push(`fib saddr type local jump ${CHAIN.markMasq} comment "masquerade local traffic"`);
+      ext.push(`fib saddr type local goto ${clusterChain} comment "short-circuit local traffic"`);
+    }
+    if (plan.hasExternalEndpoints) ext.push(`goto ${externalPolicyChain}`);
+  }
+
+  // loadBalancerSourceRanges.
+  if (plan.firewalled) {
+    const sources = [...info.loadBalancerSourceRanges];
+    if (cfg.nodeIP !== null && info.loadBalancerSourceRanges.some((c) => cidrContains(c, cfg.nodeIP!))) {
+      // A VIP that is a local address loops back with the VIP as source: allow it from this node.
+      sources.push(...info.loadBalancerVIPs);
+    }
+    chain(names.firewall).push(`${ipX} saddr != { ${sources.join(" , ")} } drop`);
+  }
+
+  // Session affinity sets, one per reachable endpoint.
+  const affinity = info.stickyMaxAgeSeconds > 0;
+  const affinitySets = affinity ? sel.allReachableEndpoints.map((ep) => namesOf(ep).affinitySet) : [];
+
+  // Load balancing to endpoints.
+  const writeLB = (rules: string[], eps: readonly EndpointInfo[]) => {
+    if (affinity) {
+      for (const ep of eps) {
+        const n = namesOf(ep);
+        rules.push(`${ipX} saddr @${n.affinitySet} goto ${n.chain}`);
+      }
+    }
+    const vmap = eps.map((ep, i) => `${i} : goto ${namesOf(ep).chain}`).join(" , ");
+    rules.push(`numgen random mod ${eps.length} vmap { ${vmap} }`);
+  };
+  if (plan.usesClusterPolicyChain) writeLB(chain(clusterChain), sel.clusterEndpoints!);
+  if (plan.usesLocalPolicyChain) writeLB(chain(localChain), sel.localEndpoints!);
+
+  // Endpoint chains.
+  for (const ep of sel.allReachableEndpoints) {
+    const n = namesOf(ep);
+    const rules = chain(n.chain);
+    rules.push(`${ipX} saddr ${ep.ip} jump ${CHAIN.markMasq}`);
+    if (affinity) rules.push(`update @${n.affinitySet} { ${ipX} saddr }`);
+    rules.push(`meta l4proto ${proto} dnat to ${ep.endpoint}`);
+  }
+
+  return { state: st, chains, affinitySets, affinityTimeout: info.stickyMaxAgeSeconds, elements };
+}
+
+/** Settings of the fixed part of the table (written on full syncs). */
+export interface NftSetupConfig {
+  readonly family: IPFamily;
+  readonly mark: string;
+  /** nodePortAddresses match every local address (no `nodeport-ips` set). */
+  readonly nodePortsMatchAll: boolean;
+  /** The node addresses accepting NodePorts when they do not match all (loopback already removed). */
+  readonly nodePortIPs: readonly string[];
+  /** This family's ServiceCIDRs (traffic to unallocated ClusterIPs in them is dropped). */
+  readonly serviceCIDRs: readonly string[];
+  /** First full sync of this process: delete and re-create the base chains (their settings may differ). */
+  readonly recreateBaseChains: boolean;
+}
+
+/**
+ * The base chains: name, type, hook, priority. Upstream names the priorities (`dstnat-10`, `filter`, `dstnat`,
+ * `srcnat`); written as numbers, because nft 1.0.6 refuses named priorities in the output hook.
+ */
+export const BASE_CHAINS: readonly [string, string, string, number][] = [
+  [CHAIN.filterPreroutingPreDNAT, "filter", "prerouting", -110],
+  [CHAIN.filterOutputPreDNAT, "filter", "output", -110],
+  [CHAIN.filterInput, "filter", "input", 0],
+  [CHAIN.filterForward, "filter", "forward", 0],
+  [CHAIN.filterOutput, "filter", "output", 0],
+  [CHAIN.natPrerouting, "nat", "prerouting", -100],
+  [CHAIN.natOutput, "nat", "output", -100],
+  [CHAIN.natPostrouting, "nat", "postrouting", 100],
+];
+
+/** Jumps from base chains into regular chains (upstream `nftablesJumpChains`), in upstream's order. */
+const JUMPS: readonly [string, string, string][] = [
+  [CHAIN.nodePortEndpointsCheck, CHAIN.filterInput, "ct state new"],
+  [CHAIN.serviceEndpointsCheck, CHAIN.filterInput, "ct state new"],
+  [CHAIN.serviceEndpointsCheck, CHAIN.filterForward, "ct state new"],
+  [CHAIN.serviceEndpointsCheck, CHAIN.filterOutput, "ct state new"],
+  [CHAIN.firewallCheck, CHAIN.filterPreroutingPreDNAT, "ct state new"],
+  [CHAIN.firewallCheck, CHAIN.filterOutputPreDNAT, "ct state new"],
+  [CHAIN.services, CHAIN.natOutput, ""],
+  [CHAIN.services, CHAIN.natPrerouting, ""],
+  [CHAIN.masquerading, CHAIN.natPostrouting, ""],
+  [CHAIN.clusterIPsCheck, CHAIN.filterForward, "ct state new"],
+  [CHAIN.clusterIPsCheck, CHAIN.filterOutput, "ct state new"],
+];
+
+/** The shared maps and sets and their declarations (type, comment). */
+function containers(family: IPFamily): [kind: "set" | "map", name: string, spec: string][] {
+  const addr = family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
+  const vmap = `${addr} . inet_proto . inet_service : verdict`;
+  return [
+    ["set", SET.clusterIPs, `type ${addr} ; comment "Active ClusterIPs" ;`],
+    [
+      "map",
+      SET.noEndpointServices,
+      `type ${vmap} ; comment "vmap to drop or reject packets to services with no endpoints" ;`,
+    ],
+    [
+      "map",
+      SET.noEndpointNodePorts,
+      `type inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to service nodeports with no endpoints" ;`,
+    ],
+    [
+      "map",
+      SET.firewallIPs,
+      `type ${vmap} ; comment "destinations that are subject to LoadBalancerSourceRanges" ;`,
+    ],
+    ["map", SET.serviceIPs, `type ${vmap} ; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic" ;`],
+    ["map", SET.serviceNodePorts, `type inet_proto . inet_service : verdict ; comment "NodePort traffic" ;`],
+  ];
+}
+
+/** The maps and sets holding per-service elements (flushed and refilled by a full sync). */
+export function elementContainers(family: IPFamily): [kind: "set" | "map", name: string][] {
+  return containers(family).map(([k, n]) => [k, n]);
+}
+
+/**
+ * The fixed part of the table as upstream's `setupNFTables` writes it on every full sync: table, base chains,
+ * jump rules, masquerading, the shared maps and sets (declared, not flushed: the caller decides), the
+ * cluster-ips check, nodeport-ips, reject and firewall dispatch. Returns `nft -f -` lines.
+ */
+export function setupLines(cfg: NftSetupConfig): string {
+  const mark = cfg.mark;
+  const fam = nftFamily(cfg.family);
+  const ipX = fam;
+  const addr = cfg.family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
+  const noLocalhost = cfg.family === "IPv6" ? "ip6 daddr != ::1" : "ip daddr != 127.0.0.0/8";
+  const t = `${fam} ${TABLE}`;
+  let s = `add table ${t} { comment "${TABLE_COMMENT}" ; }\n`;
+  if (cfg.recreateBaseChains) {
+    for (const [name] of BASE_CHAINS) s += `add chain ${t} ${name}\ndelete chain ${t} ${name}\n`;
+  }
+  for (const [name, type, hook, prio] of BASE_CHAINS) {
+    s +=
+      `add chain ${t} ${name} { type ${type} hook ${hook} priority ${prio} ; }\nflush chain ${t} ${name}\n`;
+  }
+  const created = new Set<string>();
+  const ensure = (name: string, comment?: string) => {
+    if (created.has(name)) return;
+    created.add(name);
+    s += `add chain ${t} ${name}${comment ? ` { comment "${comment}" ; }` : ""}\nflush chain ${t} ${name}\n`;
+  };
+  for (const [dst, src, extra] of JUMPS) {
+    ensure(dst);
+    s += `add rule ${t} ${src} ${extra ? extra + " " : ""}jump ${dst}\n`;
+  }
+  for (const name of [CHAIN.services, CHAIN.clusterIPsCheck, CHAIN.masquerading, CHAIN.markMasq]) {
+    ensure(name);
+  }
+  s += `add rule ${t} ${CHAIN.markMasq} mark set mark or ${mark}\n`;
+  s += `add rule ${t} ${CHAIN.masquerading} mark and ${mark} == 0 return\n`;
+  s += `add rule ${t} ${CHAIN.masquerading} mark set mark xor ${mark}\n`;
+  s += `add rule ${t} ${CHAIN.masquerading} masquerade fully-random\n`;
+  for (const [kind, name, spec] of containers(cfg.family)) s += `add ${kind} ${t} ${name} { ${spec} }\n`;
+  s +=
+    `add rule ${t} ${CHAIN.clusterIPsCheck} ${ipX} daddr @${SET.clusterIPs} reject comment "Reject traffic to invalid ports of ClusterIPs"\n`;
+  if (cfg.serviceCIDRs.length > 0) {
+    s += `add rule ${t} ${CHAIN.clusterIPsCheck} ${ipX} daddr { ${
+      cfg.serviceCIDRs.join(",")
+    } } drop comment "Drop traffic to unallocated ClusterIPs"\n`;
+  }
+  s += `add set ${t} ${SET.nodePortIPs} { type ${addr} ; comment "IPs that accept NodePort traffic" ; }\n`;
+  if (cfg.nodePortsMatchAll) {
+    s += `delete set ${t} ${SET.nodePortIPs}\n`;
+  } else {
+    s += `flush set ${t} ${SET.nodePortIPs}\n`;
+    for (const ip of cfg.nodePortIPs) s += `add element ${t} ${SET.nodePortIPs} { ${ip} }\n`;
+  }
+  ensure(CHAIN.reject, "helper for @no-endpoint-services / @no-endpoint-nodeports");
+  s += `add rule ${t} ${CHAIN.reject} reject\n`;
+  s +=
+    `add rule ${t} ${CHAIN.serviceEndpointsCheck} ${ipX} daddr . meta l4proto . th dport vmap @${SET.noEndpointServices}\n`;
+  s += cfg.nodePortsMatchAll
+    ? `add rule ${t} ${CHAIN.nodePortEndpointsCheck} ${noLocalhost} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}\n`
+    : `add rule ${t} ${CHAIN.nodePortEndpointsCheck} ${ipX} daddr @${SET.nodePortIPs} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}\n`;
+  ensure(CHAIN.firewallCheck);
+  s +=
+    `add rule ${t} ${CHAIN.firewallCheck} ${ipX} daddr . meta l4proto . th dport vmap @${SET.firewallIPs}\n`;
+  s += `add rule ${t} ${CHAIN.services} ${ipX} daddr . meta l4proto . th dport vmap @${SET.serviceIPs}\n`;
+  s += cfg.nodePortsMatchAll
+    ? `add rule ${t} ${CHAIN.services} fib daddr type local ${noLocalhost} meta l4proto . th dport vmap @${SET.serviceNodePorts}\n`
+    : `add rule ${t} ${CHAIN.services} ${ipX} daddr @${SET.nodePortIPs} meta l4proto . th dport vmap @${SET.serviceNodePorts}\n`;
+  return s;
+}
