@@ -2,9 +2,10 @@
  * Real-packet dual-stack test of the agent: the sandbox runs IPv4 and IPv6 on every link
  * (`Sandbox.create({ ipv6: true })`), the Node has an IPv4 and an IPv6 InternalIP, and one
  * `RequireDualStack` Service (ClusterIPs 10.96.0.40 and fd00:10:96::40, a NodePort) has one EndpointSlice
- * per address type. The agent (`main.ts` with the `start` task's permissions, as in agent_test.ts) must
- * then run one iptables proxier per family (lib/agent.ts: the secondary family runs when its iptables
- * works) and carry TCP and UDP in both families.
+ * per address type. The agent (`main.ts` with the `start` task's permissions, as in suite.ts) must then run
+ * one proxier per family (lib/agent.ts: the secondary family runs when the mode works for it) and carry TCP
+ * and UDP in both families. It runs in iptables and in nftables mode; what each mode wrote is checked by
+ * mode-specific steps.
  *
  * Chain names: upstream's `servicePortChainName` hashes only `namespace/name:port` + protocol, not the
  * cluster IP, and each family's proxier writes its own table (iptables vs ip6tables), so the v4 and v6
@@ -29,15 +30,18 @@ import {
   tally,
 } from "./helpers.ts";
 
-const unavailable = sandboxUnavailableReason(["ip", "iptables", "ip6tables", "conntrack", "sysctl"]) ??
-  (() => {
-    try {
-      Deno.statSync("/proc/sys/net/ipv6");
-      return undefined;
-    } catch {
-      return "the kernel has no IPv6";
-    }
-  })();
+const noIPv6 = (() => {
+  try {
+    Deno.statSync("/proc/sys/net/ipv6");
+    return undefined;
+  } catch {
+    return "the kernel has no IPv6";
+  }
+})();
+const unavailable = {
+  iptables: sandboxUnavailableReason(["ip", "iptables", "ip6tables", "conntrack", "sysctl"]) ?? noIPv6,
+  nftables: sandboxUnavailableReason(["ip", "nft", "conntrack", "sysctl"]) ?? noIPv6,
+};
 const NODE = "node1";
 const SVC = "ds";
 const CLUSTER_IP4 = "10.96.0.40";
@@ -74,12 +78,27 @@ async function hits(probe: Probe, op: "tcp" | "udp", host: string, port: number,
   return await probe.repeat({ op, host, port, timeoutMs: 1000 }, count);
 }
 
-Deno.test({
-  name: "dataplane: dual-stack Service over IPv4 and IPv6 (ClusterIPs, NodePort, per-family endpoints)",
-  ignore: unavailable !== undefined,
-  sanitizeResources: false,
-  sanitizeOps: false,
-  fn: async (t) => {
+/** What a mode wrote, checked by the steps of that mode only. */
+interface ModeChecks {
+  /** After start: each family's table holds the Service under the mode's names. */
+  rules(sb: Sandbox, ips: Record<string, string>): Promise<void>;
+  /** After pod-b's v6 endpoint was removed: gone from v6, kept in v4. */
+  endpointRemoved(sb: Sandbox, ips: Record<string, string>): Promise<void>;
+}
+
+function defineDualStack(mode: "iptables" | "nftables", checks: ModeChecks): void {
+  Deno.test({
+    name:
+      `packets (${mode}): dual-stack Service over IPv4 and IPv6 (ClusterIPs, NodePort, per-family endpoints)`,
+    ignore: unavailable[mode] !== undefined,
+    sanitizeResources: false,
+    sanitizeOps: false,
+    fn: (t) => runDualStack(t, mode, checks),
+  });
+}
+
+async function runDualStack(t: Deno.TestContext, mode: "iptables" | "nftables", checks: ModeChecks) {
+  {
     const sb = await Sandbox.create({ ipv6: true, pods: ["pod-a", "pod-b", "pod-x"] });
     let sim: SimulatorProcess | undefined;
     let agent: SandboxProcess | undefined;
@@ -110,7 +129,9 @@ Deno.test({
       agent = startSandboxAgent(sb, sim.kubeconfig, {
         nodeName: NODE,
         clusterCIDR: "10.244.0.0/16,fd00:10:244::/56",
+        mode,
       });
+      const ips = { a: a.ip, b: b.ip, a6, b6 };
       const [pc, px] = await Promise.all([sb.probe(sb.client), sb.probe(x.ns)]);
       let exited = false;
       agent.status.then(() => exited = true);
@@ -166,41 +187,10 @@ Deno.test({
         assert.deepEqual(Object.keys(got4).sort(), ["pod-a", "pod-b"], JSON.stringify(got4));
       });
 
-      const spn = `${NS}/${SVC}:p`;
-      const svcChain = `KUBE-SVC-${upstreamHash(spn + "tcp")}`;
-      const extChain = `KUBE-EXT-${upstreamHash(spn + "tcp")}`;
-      const sep = (endpoint: string) => `KUBE-SEP-${upstreamHash(spn + "tcp" + endpoint)}`;
-
-      await t.step("ip6tables nat has the v6 Service under upstream's chain names", async () => {
-        // The hash itself, against upstream's proxier_test.go (ns1/svc1:p80 tcp, endpoint 10.180.0.1:80).
-        assert.equal(upstreamHash("ns1/svc1:p80tcp"), "XPGD46QRK7WJZT7O");
-        assert.equal(upstreamHash("ns1/svc1:p80tcp10.180.0.1:80"), "SXIVWICOYRO3J4NJ");
-        const nat6 = await natTable(sb, "6");
-        const nat4 = await natTable(sb, "4");
-        const lines6 = nat6.split("\n");
-        const lines4 = nat4.split("\n");
-        for (const chain of [svcChain, extChain, sep(`[${a6}]:8080`), sep(`[${b6}]:8080`)]) {
-          assert.ok(lines6.includes(`:${chain} - [0:0]`), `${chain} missing in ip6tables nat:\n${nat6}`);
-        }
-        // Same KUBE-SVC name in both families (the hash has no IP); each table has only its family's IPs.
-        assert.ok(lines4.includes(`:${svcChain} - [0:0]`), `${svcChain} missing in iptables nat:\n${nat4}`);
-        for (const ep of [`${a.ip}:8080`, `${b.ip}:8080`]) {
-          assert.ok(lines4.includes(`:${sep(ep)} - [0:0]`), `${sep(ep)} missing in iptables nat`);
-          assert.ok(!lines6.some((l) => l.includes(sep(ep))), `v4 endpoint chain ${sep(ep)} in ip6tables`);
-        }
-        const jump6 = lines6.filter((l) => l.startsWith("-A KUBE-SERVICES ") && l.endsWith(`-j ${svcChain}`));
-        assert.equal(jump6.length, 1, `KUBE-SERVICES -> ${svcChain} in ip6tables:\n${nat6}`);
-        assert.match(jump6[0], new RegExp(` -d ${CLUSTER_IP6}/128 .*--dport 80 `));
-        const jump4 = lines4.filter((l) => l.startsWith("-A KUBE-SERVICES ") && l.endsWith(`-j ${svcChain}`));
-        assert.equal(jump4.length, 1, `KUBE-SERVICES -> ${svcChain} in iptables:\n${nat4}`);
-        assert.match(jump4[0], new RegExp(` -d ${CLUSTER_IP4.replaceAll(".", "\\.")}/32 `));
-        const dnat = lines6.find((l) => l.startsWith(`-A ${sep(`[${a6}]:8080`)} `) && l.includes("DNAT"));
-        assert.ok(dnat?.endsWith(`--to-destination [${a6}]:8080`), `DNAT of pod-a's v6 endpoint: ${dnat}`);
-        assert.ok(
-          !nat6.includes(CLUSTER_IP4) && !nat4.includes(CLUSTER_IP6),
-          "a family's IP in the other table",
-        );
-      });
+      await t.step(
+        `${mode} holds the v6 Service in its IPv6 table and the v4 one in its IPv4 table`,
+        () => checks.rules(sb, ips),
+      );
 
       /** A UDP flow (fixed source port) from pod-x to `vip` that the Service sent to pod-b. */
       const udpFlowToPodB = async (vip: string, firstPort: number): Promise<number> => {
@@ -231,10 +221,7 @@ Deno.test({
         assert.deepEqual(np6, { "pod-a": 20 }, "v6 NodePort");
         const got4 = tally(await hits(px, "tcp", CLUSTER_IP4, 80, 40));
         assert.deepEqual(Object.keys(got4).sort(), ["pod-a", "pod-b"], `v4: ${JSON.stringify(got4)}`);
-        const lines6 = (await natTable(sb, "6")).split("\n");
-        const lines4 = (await natTable(sb, "4")).split("\n");
-        assert.ok(!lines6.includes(`:${sep(`[${b6}]:8080`)} - [0:0]`), "pod-b's v6 endpoint chain remains");
-        assert.ok(lines4.includes(`:${sep(`${b.ip}:8080`)} - [0:0]`), "pod-b's v4 endpoint chain is gone");
+        await checks.endpointRemoved(sb, ips);
         // pod-b keeps running: only the agent's IPv6 conntrack cleanup can move the v6 flow (same 5-tuple).
         await eventually("the v6 UDP flow to move to pod-a", async () => {
           const r = await px.udp(CLUSTER_IP6, 53, { localPort: port6, timeoutMs: 300 });
@@ -249,5 +236,80 @@ Deno.test({
       await sb.destroy();
     }
     assert.deepEqual(listNetns().filter((n) => n.startsWith(sb.prefix)), []);
+  }
+}
+
+const spn = `${NS}/${SVC}:p`;
+const svcChain = `KUBE-SVC-${upstreamHash(spn + "tcp")}`;
+const extChain = `KUBE-EXT-${upstreamHash(spn + "tcp")}`;
+const sep = (endpoint: string) => `KUBE-SEP-${upstreamHash(spn + "tcp" + endpoint)}`;
+
+defineDualStack("iptables", {
+  async rules(sb, ips) {
+    // The hash itself, against upstream's proxier_test.go (ns1/svc1:p80 tcp, endpoint 10.180.0.1:80).
+    assert.equal(upstreamHash("ns1/svc1:p80tcp"), "XPGD46QRK7WJZT7O");
+    assert.equal(upstreamHash("ns1/svc1:p80tcp10.180.0.1:80"), "SXIVWICOYRO3J4NJ");
+    const nat6 = await natTable(sb, "6");
+    const nat4 = await natTable(sb, "4");
+    const lines6 = nat6.split("\n");
+    const lines4 = nat4.split("\n");
+    for (const chain of [svcChain, extChain, sep(`[${ips.a6}]:8080`), sep(`[${ips.b6}]:8080`)]) {
+      assert.ok(lines6.includes(`:${chain} - [0:0]`), `${chain} missing in ip6tables nat:\n${nat6}`);
+    }
+    // Same KUBE-SVC name in both families (the hash has no IP); each table has only its family's IPs.
+    assert.ok(lines4.includes(`:${svcChain} - [0:0]`), `${svcChain} missing in iptables nat:\n${nat4}`);
+    for (const ep of [`${ips.a}:8080`, `${ips.b}:8080`]) {
+      assert.ok(lines4.includes(`:${sep(ep)} - [0:0]`), `${sep(ep)} missing in iptables nat`);
+      assert.ok(!lines6.some((l) => l.includes(sep(ep))), `v4 endpoint chain ${sep(ep)} in ip6tables`);
+    }
+    const jump6 = lines6.filter((l) => l.startsWith("-A KUBE-SERVICES ") && l.endsWith(`-j ${svcChain}`));
+    assert.equal(jump6.length, 1, `KUBE-SERVICES -> ${svcChain} in ip6tables:\n${nat6}`);
+    assert.match(jump6[0], new RegExp(` -d ${CLUSTER_IP6}/128 .*--dport 80 `));
+    const jump4 = lines4.filter((l) => l.startsWith("-A KUBE-SERVICES ") && l.endsWith(`-j ${svcChain}`));
+    assert.equal(jump4.length, 1, `KUBE-SERVICES -> ${svcChain} in iptables:\n${nat4}`);
+    assert.match(jump4[0], new RegExp(` -d ${CLUSTER_IP4.replaceAll(".", "\\.")}/32 `));
+    const dnat = lines6.find((l) => l.startsWith(`-A ${sep(`[${ips.a6}]:8080`)} `) && l.includes("DNAT"));
+    assert.ok(dnat?.endsWith(`--to-destination [${ips.a6}]:8080`), `DNAT of pod-a's v6 endpoint: ${dnat}`);
+    assert.ok(!nat6.includes(CLUSTER_IP4) && !nat4.includes(CLUSTER_IP6), "a family's IP in the other table");
+  },
+  async endpointRemoved(sb, ips) {
+    const lines6 = (await natTable(sb, "6")).split("\n");
+    const lines4 = (await natTable(sb, "4")).split("\n");
+    assert.ok(!lines6.includes(`:${sep(`[${ips.b6}]:8080`)} - [0:0]`), "pod-b's v6 endpoint chain remains");
+    assert.ok(lines4.includes(`:${sep(`${ips.b}:8080`)} - [0:0]`), "pod-b's v4 endpoint chain is gone");
+  },
+});
+
+/** `nft list table <family> kube-proxy` in the node namespace. */
+async function nftTable(sb: Sandbox, family: "ip" | "ip6"): Promise<string> {
+  return (await sb.exec(sb.node, "nft", ["list", "table", family, "kube-proxy"])).stdout;
+}
+
+/** The endpoints (`dnat to ...` targets) the Service's TCP chain balances over, in one family's table. */
+function balancedEndpoints(table: string): string[] {
+  const vmap = table.match(
+    /chain service-[A-Z0-9]{8}-dp\/ds\/tcp\/p \{[^}]*numgen random mod \d+ vmap \{([^}]*)\}/,
+  );
+  if (!vmap) return [];
+  return [...vmap[1].matchAll(/goto endpoint-[A-Z0-9]{8}-dp\/ds\/tcp\/p__(\S+)\/8080/g)].map((m) => m[1]);
+}
+
+defineDualStack("nftables", {
+  async rules(sb, ips) {
+    const t4 = await nftTable(sb, "ip"), t6 = await nftTable(sb, "ip6");
+    assert.match(t6, new RegExp(`${CLUSTER_IP6} \\. tcp \\. 80 : goto service-[A-Z0-9]{8}-dp/ds/tcp/p`));
+    assert.match(t4, new RegExp(`${CLUSTER_IP4.replaceAll(".", "\\.")} \\. tcp \\. 80 : goto service-`));
+    // IPv6 endpoint chain names spell the address with dots (colons are not allowed in chain names).
+    assert.deepEqual(
+      balancedEndpoints(t6).sort(),
+      [ips.a6, ips.b6].map((ip) => ip.replaceAll(":", ".")).sort(),
+    );
+    assert.deepEqual(balancedEndpoints(t4).sort(), [ips.a, ips.b].sort());
+    assert.match(t6, new RegExp(`dnat to \\[${ips.a6}\\]:8080`));
+    assert.ok(!t6.includes(CLUSTER_IP4) && !t4.includes(CLUSTER_IP6), "a family's IP in the other table");
+  },
+  async endpointRemoved(sb, ips) {
+    assert.deepEqual(balancedEndpoints(await nftTable(sb, "ip6")), [ips.a6.replaceAll(":", ".")]);
+    assert.deepEqual(balancedEndpoints(await nftTable(sb, "ip")).sort(), [ips.a, ips.b].sort());
   },
 });
