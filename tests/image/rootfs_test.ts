@@ -9,7 +9,7 @@
 
 import assert from "node:assert/strict";
 import { parse as parseYaml, stringify } from "yaml";
-import { startTaskFlags } from "../../testkit/agent_command.ts";
+import { PROJECT_ROOT, startTaskFlags } from "../../testkit/agent_command.ts";
 import { SimulatorProcess } from "../../testkit/apiserver_process.ts";
 import { deployObject, expandCommand, kubeProxyContainer } from "../../testkit/deploy.ts";
 import {
@@ -363,3 +363,29 @@ async function runAgentInRoot(root: string): Promise<void> {
     await Deno.remove(volumes, { recursive: true });
   }
 }
+
+Deno.test("image: the Dockerfile stages the tested list with the tested script onto a Debian 12 distroless base", async () => {
+  const dockerfile = await Deno.readTextFile(`${PROJECT_ROOT}Dockerfile`);
+  const froms = [...dockerfile.matchAll(/^FROM (\S+)/gm)].map((m) => m[1]);
+  // Builder stages and base share Debian 12 (glibc 2.36), so the staged libraries match the base's.
+  assert.deepEqual(froms, ["debian:bookworm-slim", "debian:bookworm-slim", "gcr.io/distroless/cc-debian12"]);
+  assert.match(dockerfile, /^COPY deploy\/image\/files\.txt scripts\/assemble_rootfs\.sh \/stage\/$/m);
+  assert.match(dockerfile, /\$\(bash \/stage\/assemble_rootfs\.sh --packages \/stage\/files\.txt\)/);
+  assert.match(
+    dockerfile,
+    /assemble_rootfs\.sh --program \/stage\/kube-proxy=\/usr\/local\/bin\/kube-proxy \\\n\s+\/stage\/files\.txt \/rootfs/,
+  );
+  assert.match(dockerfile, /^COPY --from=stage \/rootfs\/ \/$/m);
+  // The packages installed for staging are the list's (base entries come with the distroless base).
+  const out = await new Deno.Command("bash", {
+    args: [
+      `${PROJECT_ROOT}scripts/assemble_rootfs.sh`,
+      "--packages",
+      `${PROJECT_ROOT}deploy/image/files.txt`,
+    ],
+    stdout: "piped",
+  }).output();
+  const pkgs = new TextDecoder().decode(out.stdout).trim().split("\n");
+  const expected = [...new Set(readImageList().filter((e) => e.kind !== "base").map((e) => e.pkg))].sort();
+  assert.deepEqual(pkgs, expected);
+});
