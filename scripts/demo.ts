@@ -4,7 +4,8 @@
  * namespace. It shows how real requests spread over the pods, changes endpoints live, prints one
  * service's rules, and removes everything, also when interrupted (Ctrl-C).
  *
- * Run as root: `bash scripts/demo.sh` (or `deno task demo` once Deno is installed).
+ * Run as root: `bash scripts/demo.sh` (or `deno task demo` once Deno is installed); `--proxy-mode nftables`
+ * runs the agent in nftables mode and shows the nftables rules instead.
  * @module
  */
 import { cleanupStale, Sandbox, sandboxUnavailableReason } from "../testkit/sandbox.ts";
@@ -50,7 +51,19 @@ async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 
   throw new Error(`timed out waiting for ${what}`);
 }
 
+/** `--proxy-mode X` / `--proxy-mode=X`; iptables by default. */
+function demoMode(args: string[]): "iptables" | "nftables" {
+  const i = args.findIndex((a) => a === "--proxy-mode" || a.startsWith("--proxy-mode="));
+  const mode = i < 0 ? "iptables" : args[i].includes("=") ? args[i].split("=")[1] : args[i + 1];
+  if (mode !== "iptables" && mode !== "nftables") {
+    console.error(`demo: --proxy-mode must be iptables or nftables, not ${JSON.stringify(mode)}`);
+    Deno.exit(2);
+  }
+  return mode;
+}
+
 async function main() {
+  const mode = demoMode(Deno.args);
   const why = sandboxUnavailableReason();
   if (why) {
     console.error(`demo: ${why}`);
@@ -80,8 +93,21 @@ async function main() {
     sim = await SimulatorProcess.start({ netns: sb.node, load: examples });
     console.log(`  serving ${sim.url} inside the node namespace`);
 
-    step("Starting deno-kube-proxy in the node namespace (the `start` task's permissions)");
+    /** The mode's rules as an operator lists them: iptables-save, or the nftables table. */
+    const rules = async (): Promise<string> =>
+      mode === "nftables"
+        ? (await sb.tryExec(sb.node, "nft", ["list", "table", "ip", "kube-proxy"])).stdout
+        : (await sb.tryExec(sb.node, "iptables-save", [])).stdout;
+    const webVIP = mode === "nftables" ? `${WEB_VIP} . tcp . 80 : goto` : "demo/web:http cluster IP";
+    const dnsVIP = mode === "nftables" ? `${DNS_VIP} . udp . 53 : goto` : "demo/dns:dns cluster IP";
+    const webRejected = mode === "nftables"
+      ? `${WEB_VIP} . tcp . 80 comment "demo/web:http" : goto reject-chain`
+      : "demo/web:http has no endpoints";
+
+    step(`Starting deno-kube-proxy in ${mode} mode in the node namespace (the \`start\` task's permissions)`);
     const cmd = agentCommand([
+      "--proxy-mode",
+      mode,
       "--kubeconfig",
       sim.kubeconfig,
       "--hostname-override",
@@ -95,8 +121,8 @@ async function main() {
     ]);
     agent = sb.spawn(sb.node, cmd[0], cmd.slice(1));
     await waitFor("the first sync", async () => {
-      const r = await sb.tryExec(sb.node, "iptables-save", ["-t", "nat"]);
-      return r.stdout.includes("demo/web:http cluster IP") && r.stdout.includes("demo/dns:dns cluster IP");
+      const r = await rules();
+      return r.includes(webVIP) && r.includes(dnsVIP);
     });
     const logLines = agent.output.split("\n").filter((l) => /Using|backend|skip|invalid|Invalid/i.test(l));
     for (const l of logLines.slice(0, 8)) console.log(`  agent: ${l.slice(0, 160)}`);
@@ -115,34 +141,38 @@ async function main() {
     const slice = (await readWebSlice())!;
     slice.endpoints![2].conditions = { ready: false, serving: false, terminating: true };
     await sim.upsert(slice);
-    await waitFor("web-3 to leave the rules", async () => {
-      const r = await sb.tryExec(sb.node, "iptables-save", ["-t", "nat"]);
-      return !r.stdout.includes("10.244.0.13:8080");
-    });
+    await waitFor("web-3 to leave the rules", async () => !(await rules()).includes("10.244.0.13:8080"));
     await spread(fromPod, `pod -> ClusterIP ${WEB_VIP}:80`, WEB_VIP, 80);
 
     step("Live change: every web endpoint removed -> connections are rejected at once");
     await sim.upsert({ ...slice, endpoints: [] } as EndpointSlice);
-    await waitFor("the REJECT rule", async () => {
-      const r = await sb.tryExec(sb.node, "iptables-save", ["-t", "filter"]);
-      return r.stdout.includes("demo/web:http has no endpoints");
-    });
+    await waitFor("the reject rule", async () => (await rules()).includes(webRejected));
     await spread(fromPod, `pod -> ClusterIP ${WEB_VIP}:80`, WEB_VIP, 80, 5);
 
     step("Live change: all three pods back");
     slice.endpoints![2].conditions = { ready: true, serving: true, terminating: false };
     await sim.upsert(slice);
     await waitFor("web endpoints back", async () => {
-      const r = await sb.tryExec(sb.node, "iptables-save", ["-t", "nat"]);
-      return r.stdout.includes("10.244.0.13:8080") && r.stdout.includes("10.244.0.11:8080");
+      const r = await rules();
+      return r.includes("10.244.0.13:8080") && r.includes("10.244.0.11:8080");
     });
     await spread(fromPod, `pod -> ClusterIP ${WEB_VIP}:80`, WEB_VIP, 80);
 
-    step("The rules of demo/web (iptables-save -t nat, as an operator would grep them)");
-    const nat = (await sb.exec(sb.node, "iptables-save", ["-t", "nat"])).stdout;
-    const svcChain = nat.match(/-j (KUBE-SVC-[A-Z0-9]{16})/m)?.[1];
-    for (const line of nat.split("\n")) {
-      if (line.includes("demo/web") || (svcChain && line.includes(svcChain))) console.log(`  ${line}`);
+    if (mode === "nftables") {
+      step("The rules of demo/web (nft list table ip kube-proxy, its chains and map elements)");
+      let inWeb = false;
+      for (const line of (await rules()).split("\n")) {
+        if (/^\tchain \S*demo\/web\//.test(line)) inWeb = true;
+        if (inWeb || (line.includes(WEB_VIP) && line.includes("goto"))) console.log(`  ${line}`);
+        if (inWeb && line === "\t}") inWeb = false;
+      }
+    } else {
+      step("The rules of demo/web (iptables-save -t nat, as an operator would grep them)");
+      const nat = (await sb.exec(sb.node, "iptables-save", ["-t", "nat"])).stdout;
+      const svcChain = nat.match(/-j (KUBE-SVC-[A-Z0-9]{16})/m)?.[1];
+      for (const line of nat.split("\n")) {
+        if (line.includes("demo/web") || (svcChain && line.includes(svcChain))) console.log(`  ${line}`);
+      }
     }
 
     step("Health and the malformed Service");

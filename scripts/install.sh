@@ -2,7 +2,8 @@
 # Installs what deno-kube-proxy needs on a fresh machine, and nothing global besides apt packages:
 #   - Deno, pinned below (the only place the version is written), from the npm registry, into
 #     $DKP_TOOLS (default ~/.cache/deno-kube-proxy); skipped when that exact version is there.
-#   - the netfilter tools the agent and the tests spawn (apt, only when missing and run as root).
+#   - the netfilter tools the agent and the tests spawn, and systemd-analyze for the unit's test (apt, only when
+#     missing and run as root; DKP_SYSTEM_TOOLS=0 skips this, as the Dockerfile's build stage does).
 # Prints the path of the deno binary on its last line.
 set -euo pipefail
 
@@ -26,19 +27,24 @@ ln -sf "$deno_bin" "$DKP_TOOLS/bin/deno"
 # System tools: command -> Debian package.
 declare -A tools=(
   [iptables-restore]=iptables [nft]=nftables [ipset]=ipset [conntrack]=conntrack
-  [ipvsadm]=ipvsadm [ip]=iproute2 [sysctl]=procps [choom]=util-linux [nfacct]=nfacct
+  [ipvsadm]=ipvsadm [ip]=iproute2 [sysctl]=procps [choom]=util-linux [unshare]=util-linux [nfacct]=nfacct
+  [modprobe]=kmod [systemd-analyze]=systemd
 )
 missing=()
-for t in "${!tools[@]}"; do
-  command -v "$t" >/dev/null 2>&1 || missing+=("${tools[$t]}")
-done
+if [ "${DKP_SYSTEM_TOOLS:-1}" != 0 ]; then
+  for t in "${!tools[@]}"; do
+    pkg=${tools[$t]}
+    # One package may provide several tools: list it once.
+    if ! command -v "$t" >/dev/null 2>&1 && [[ " ${missing[*]} " != *" $pkg "* ]]; then missing+=("$pkg"); fi
+  done
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing ${missing[*]} with apt"
     apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
   else
-    log "missing system tools (${missing[*]}); dataplane tests will be skipped without them"
+    log "missing system tools (${missing[*]}); the tests that need them will be skipped"
   fi
 fi
 echo "$deno_bin"
