@@ -47,9 +47,9 @@ const unavailable = sandboxUnavailableReason([
 ]);
 const NODE = "node1";
 
-/** How each program shows its version: `--version`, except `ip` (-V). */
+/** How each program shows its version: `--version`, except `ip` (-V) and `nfacct` (a `version` command). */
 function versionArgs(program: string): string[] {
-  return program === "ip" ? ["-V"] : ["--version"];
+  return program === "ip" ? ["-V"] : program === "nfacct" ? ["version"] : ["--version"];
 }
 
 function allowRunList(): string[] {
