@@ -12,6 +12,7 @@ import type { NoEndpointVerdict } from "../../proxy/service_plan.ts";
 import { endpointChainName, servicePortChains } from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
 import { cidrContains } from "../../net/ip.ts";
+import { isJumpLine, jumpArgs, type JumpRule, masqueradeMark } from "../iptables_jumps.ts";
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
 export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;
@@ -35,10 +36,7 @@ export const KUBE_FIREWALL = "KUBE-FIREWALL";
 /** Empty chain in mangle, nat and filter whose disappearance reveals an external flush. */
 export const KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY";
 
-/** Formats the masquerade mark as Go's `%#08x` of `1 << bit` (bit 14 → `0x00004000`). */
-export function masqueradeMark(bit: number): string {
-  return "0x" + ((1 << bit) >>> 0).toString(16).padStart(8, "0");
-}
+export { masqueradeMark };
 
 const probabilities: string[] = ["<bad value>"];
 
@@ -442,16 +440,7 @@ export function nodePortsTailRules(cfg: RenderConfig, matchAll: boolean, nodeIPs
   return s;
 }
 
-/** A jump from a built-in chain into one of ours (upstream `iptablesJumpChains`). */
-export interface JumpRule {
-  readonly table: "filter" | "nat";
-  readonly from: string;
-  readonly to: string;
-  /** Match arguments placed before the comment. */
-  readonly extra: string;
-  /** "" for no comment. */
-  readonly comment: string;
-}
+export type { JumpRule };
 
 const NEW = "-m conntrack --ctstate NEW";
 
@@ -519,18 +508,4 @@ export const KUBELET_JUMP_RULES: readonly JumpRule[] = [
   { table: "filter", from: "OUTPUT", to: KUBE_FIREWALL, extra: "", comment: "" },
 ];
 
-/** The rule text (without `-A/-I CHAIN`) of a jump. */
-export function jumpArgs(j: JumpRule): string {
-  const parts: string[] = [];
-  if (j.extra) parts.push(j.extra);
-  if (j.comment) parts.push(`-m comment --comment "${j.comment}"`);
-  parts.push(`-j ${j.to}`);
-  return parts.join(" ");
-}
-
-/** True when an `iptables-save` rule line is this jump (as iptables-save prints it). */
-export function isJumpLine(line: string, j: JumpRule): boolean {
-  if (!line.startsWith(`-A ${j.from} `) || !line.endsWith(` -j ${j.to}`)) return false;
-  if (j.comment === "") return !line.includes("--comment");
-  return line.includes(`--comment "${j.comment}"`);
-}
+export { isJumpLine, jumpArgs };
