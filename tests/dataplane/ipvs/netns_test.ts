@@ -13,7 +13,7 @@ import type { CommandResult, CommandRunner, CommandSpec } from "../../../lib/exe
 import { configureLogging } from "../../../lib/log.ts";
 import { FakeClock } from "../../../lib/proxy/clock.ts";
 import { makeState, snapshot } from "../../../testkit/fixtures.ts";
-import { canUseNetns, NetnsRunner, withNetns } from "../../../testkit/netns.ts";
+import { canUseNetns, type NetnsRunner, withNetns } from "../../../testkit/netns.ts";
 
 configureLogging({ sink: () => {} });
 const ignore = !canUseNetns();
