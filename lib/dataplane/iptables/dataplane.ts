@@ -30,6 +30,7 @@ import {
 import { type IptablesBackend, type IptablesTools, iptablesTools } from "../iptables_backend.ts";
 import { isServiceChainName } from "./chain_names.ts";
 import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED, NfacctCounters } from "./nfacct.ts";
+import { hasJump, missingJumpLines, parseSavedTable } from "../iptables_jumps.ts";
 import { extractLines, PayloadWriter, SectionCache } from "../payload.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";
 import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
@@ -43,9 +44,7 @@ import {
 import {
   filterHeadRules,
   filterTailRules,
-  isJumpLine,
   JUMP_RULES,
-  jumpArgs,
   type JumpRule,
   KUBE_PROXY_CANARY,
   KUBELET_JUMP_RULES,
@@ -329,35 +328,11 @@ export class IptablesDataplane implements Dataplane {
     const jumps = [...JUMP_RULES, ...(ownsKubeletChain ? KUBELET_JUMP_RULES : [])];
     for (const table of ["filter", "nat"] as const) {
       const r = await this.runner.run({ cmd: this.tools.save, args: ["-t", table], timeoutMs: 120_000 });
-      const lines = r.stdout.split("\n");
-      const rulesByChain = new Map<string, string[]>();
-      for (const line of lines) {
-        if (line.startsWith(":")) {
-          res.chains[table].add(line.slice(1, line.indexOf(" ") > 0 ? line.indexOf(" ") : undefined));
-        } else if (line.startsWith("-A ")) {
-          const chain = line.slice(3, line.indexOf(" ", 3));
-          if (
-            chain === "INPUT" || chain === "FORWARD" || chain === "OUTPUT" || chain === "PREROUTING" ||
-            chain === "POSTROUTING"
-          ) {
-            let l = rulesByChain.get(chain);
-            if (!l) rulesByChain.set(chain, l = []);
-            l.push(line);
-          }
-        }
-      }
-      // Upstream prepends each jump in order, so the last one ends up first; -I 1 in the same order does that.
-      for (const j of jumps) {
-        if (j.table !== table) continue;
-        if ((rulesByChain.get(j.from) ?? []).some((l) => isJumpLine(l, j))) continue;
-        res.missingJumps[table] += `-I ${j.from} 1 ${jumpArgs(j)}\n`;
-      }
+      const saved = parseSavedTable(r.stdout);
+      for (const c of saved.chains) res.chains[table].add(c);
+      res.missingJumps[table] = missingJumpLines(saved, table, jumps);
       if (table === "filter" && !ownsKubeletChain) {
-        for (const j of KUBELET_JUMP_RULES) {
-          if (!(rulesByChain.get(j.from) ?? []).some((l) => isJumpLine(l, j))) {
-            res.missingKubeletJumps.push(j);
-          }
-        }
+        for (const j of KUBELET_JUMP_RULES) if (!hasJump(saved, j)) res.missingKubeletJumps.push(j);
       }
     }
     return res;

@@ -13,7 +13,8 @@ import { endpointChainName, servicePortChains } from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
 import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED } from "./nfacct.ts";
 import { cidrContains } from "../../net/ip.ts";
-export { masqueradeMark } from "../masquerade.ts";
+import { isJumpLine, jumpArgs, type JumpRule } from "../iptables_jumps.ts";
+import { masqueradeMark } from "../masquerade.ts";
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
 export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;
@@ -36,6 +37,8 @@ export const KUBE_MARK_MASQ = "KUBE-MARK-MASQ";
 export const KUBE_FIREWALL = "KUBE-FIREWALL";
 /** Empty chain in mangle, nat and filter whose disappearance reveals an external flush. */
 export const KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY";
+
+export { masqueradeMark };
 
 const probabilities: string[] = ["<bad value>"];
 
@@ -451,16 +454,7 @@ export function nodePortsTailRules(cfg: RenderConfig, matchAll: boolean, nodeIPs
   return s;
 }
 
-/** A jump from a built-in chain into one of ours (upstream `iptablesJumpChains`). */
-export interface JumpRule {
-  readonly table: "filter" | "nat";
-  readonly from: string;
-  readonly to: string;
-  /** Match arguments placed before the comment. */
-  readonly extra: string;
-  /** "" for no comment. */
-  readonly comment: string;
-}
+export type { JumpRule };
 
 const NEW = "-m conntrack --ctstate NEW";
 
@@ -528,18 +522,4 @@ export const KUBELET_JUMP_RULES: readonly JumpRule[] = [
   { table: "filter", from: "OUTPUT", to: KUBE_FIREWALL, extra: "", comment: "" },
 ];
 
-/** The rule text (without `-A/-I CHAIN`) of a jump. */
-export function jumpArgs(j: JumpRule): string {
-  const parts: string[] = [];
-  if (j.extra) parts.push(j.extra);
-  if (j.comment) parts.push(`-m comment --comment "${j.comment}"`);
-  parts.push(`-j ${j.to}`);
-  return parts.join(" ");
-}
-
-/** True when an `iptables-save` rule line is this jump (as iptables-save prints it). */
-export function isJumpLine(line: string, j: JumpRule): boolean {
-  if (!line.startsWith(`-A ${j.from} `) || !line.endsWith(` -j ${j.to}`)) return false;
-  if (j.comment === "") return !line.includes("--comment");
-  return line.includes(`--comment "${j.comment}"`);
-}
+export { isJumpLine, jumpArgs };

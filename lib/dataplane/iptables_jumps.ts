@@ -1,0 +1,81 @@
+/**
+ * iptables pieces shared by the modes that write iptables rules (iptables and ipvs): the
+ * jump rules from built-in chains into kube-proxy's chains, and the `iptables-save` scan that finds which of
+ * them are missing (upstream ensures them with `EnsureRule(Prepend, ...)` on every full sync).
+ * @module
+ */
+
+/** A jump from a built-in chain into one of ours (upstream `iptablesJumpChains`). */
+export interface JumpRule {
+  readonly table: "filter" | "nat";
+  readonly from: string;
+  readonly to: string;
+  /** Match arguments placed before the comment. */
+  readonly extra: string;
+  /** "" for no comment. */
+  readonly comment: string;
+}
+
+/** The rule text (without `-A/-I CHAIN`) of a jump. */
+export function jumpArgs(j: JumpRule): string {
+  const parts: string[] = [];
+  if (j.extra) parts.push(j.extra);
+  if (j.comment) parts.push(`-m comment --comment "${j.comment}"`);
+  parts.push(`-j ${j.to}`);
+  return parts.join(" ");
+}
+
+/** True when an `iptables-save` rule line is this jump (as iptables-save prints it). */
+export function isJumpLine(line: string, j: JumpRule): boolean {
+  if (!line.startsWith(`-A ${j.from} `) || !line.endsWith(` -j ${j.to}`)) return false;
+  if (j.comment === "") return !line.includes("--comment");
+  return line.includes(`--comment "${j.comment}"`);
+}
+
+const BUILTIN = new Set(["INPUT", "FORWARD", "OUTPUT", "PREROUTING", "POSTROUTING"]);
+
+/** What one table's `iptables-save -t TABLE` holds, as far as the jump checks need it. */
+export interface SavedTable {
+  /** Every chain declared (`:NAME ...`). */
+  readonly chains: Set<string>;
+  /** Rules of the built-in chains, by chain. */
+  readonly builtinRules: Map<string, string[]>;
+}
+
+/** Parses one table's `iptables-save` output. */
+export function parseSavedTable(save: string): SavedTable {
+  const chains = new Set<string>();
+  const builtinRules = new Map<string, string[]>();
+  for (const line of save.split("\n")) {
+    if (line.startsWith(":")) {
+      const sp = line.indexOf(" ");
+      chains.add(line.slice(1, sp > 0 ? sp : undefined));
+    } else if (line.startsWith("-A ")) {
+      const chain = line.slice(3, line.indexOf(" ", 3));
+      if (BUILTIN.has(chain)) {
+        let l = builtinRules.get(chain);
+        if (!l) builtinRules.set(chain, l = []);
+        l.push(line);
+      }
+    }
+  }
+  return { chains, builtinRules };
+}
+
+/** True when the saved table already has the jump. */
+export function hasJump(saved: SavedTable, j: JumpRule): boolean {
+  return (saved.builtinRules.get(j.from) ?? []).some((l) => isJumpLine(l, j));
+}
+
+/**
+ * `-I FROM 1 ...` restore lines for the jumps of `table` missing from the saved table, in the given order:
+ * upstream prepends each jump in order, so the last one ends up first, and `-I 1` in the same order does that.
+ */
+export function missingJumpLines(saved: SavedTable, table: string, jumps: readonly JumpRule[]): string {
+  let out = "";
+  for (const j of jumps) {
+    if (j.table !== table || hasJump(saved, j)) continue;
+    out += `-I ${j.from} 1 ${jumpArgs(j)}\n`;
+  }
+  return out;
+}

@@ -1,0 +1,83 @@
+/** A fake kernel for the ipvs dataplane tests: answers the reads of a full sync and records the batches. */
+import { type RecordedCall, RecordingCommandRunner } from "../../../lib/exec.ts";
+import { IpvsDataplane, type IpvsDataplaneOptions } from "../../../lib/dataplane/ipvs/dataplane.ts";
+import { iptablesTools } from "../../../lib/dataplane/iptables_backend.ts";
+import { FakeClock } from "../../../lib/proxy/clock.ts";
+
+/** What the fake kernel shows to the reads. */
+export interface FakeKernel {
+  /** `ip -j addr show` links: name → addresses. */
+  links: Record<string, string[]>;
+  ipvsadmSave: string;
+  ipsetSave: string;
+  iptablesSave: { nat: string; filter: string };
+  /** `ipvsadm -L -n [-t X]` output. */
+  ipvsadmList: string;
+}
+
+/** A kernel with eth0 holding the node IP 100.101.102.103 (upstream's test node IP), nothing else. */
+export function fakeKernel(over: Partial<FakeKernel> = {}): FakeKernel {
+  return {
+    links: { lo: ["127.0.0.1", "::1"], eth0: ["100.101.102.103"] },
+    ipvsadmSave: "",
+    ipsetSave: "",
+    iptablesSave: { nat: "", filter: "" },
+    ipvsadmList: "",
+    ...over,
+  };
+}
+
+function addrJson(links: Record<string, string[]>): string {
+  return JSON.stringify(
+    Object.entries(links).map(([ifname, addrs]) => ({
+      ifname,
+      addr_info: addrs.map((a) => ({ family: a.includes(":") ? "inet6" : "inet", local: a })),
+    })),
+  );
+}
+
+/** A recorder answering from `k` (changes to `k` show in later reads); `fail` may answer a call first. */
+export function kernelRunner(
+  k: FakeKernel,
+  fail?: (c: RecordedCall) => { code?: number; stdout?: string; stderr?: string } | undefined,
+): RecordingCommandRunner {
+  return new RecordingCommandRunner((c) => {
+    const f = fail?.(c);
+    if (f) return f;
+    const a = c.args.join(" ");
+    if (c.cmd === "ip" && a === "-j addr show") return { stdout: addrJson(k.links) };
+    if (c.cmd === "ipvsadm" && a === "-S -n") return { stdout: k.ipvsadmSave };
+    if (c.cmd === "ipvsadm" && a.startsWith("-L -n")) return { stdout: k.ipvsadmList };
+    if (c.cmd === "ipset" && a === "save") return { stdout: k.ipsetSave };
+    if (c.cmd.endsWith("-save") && c.args[0] === "-t") {
+      return { stdout: k.iptablesSave[c.args[1] as "nat" | "filter"] ?? "" };
+    }
+    return undefined;
+  });
+}
+
+/** A dataplane on the recorder, IPv4 unless told, with a fake clock. */
+export function ipvsDataplane(r: RecordingCommandRunner, o: Partial<IpvsDataplaneOptions> = {}) {
+  const family = o.family ?? "IPv4";
+  const clock = new FakeClock(0);
+  const dp = new IpvsDataplane({
+    family,
+    runner: r,
+    iptables: iptablesTools("system", family),
+    clock,
+    ...o,
+  });
+  return { dp, clock };
+}
+
+/** The stdin of the calls of `cmd` (first arg filter optional). */
+export function inputs(r: RecordingCommandRunner, cmd: string, firstArg?: string): string[] {
+  return r.calls.filter((c) => c.cmd === cmd && (firstArg === undefined || c.args[0] === firstArg)).map((c) =>
+    c.stdin
+  );
+}
+
+/** `cmd args` of every call. */
+export function commandLines(r: RecordingCommandRunner): string[] {
+  return r.calls.map((c) => [c.cmd, ...c.args].join(" "));
+}
