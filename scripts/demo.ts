@@ -161,9 +161,17 @@ async function main() {
     if (mode === "nftables") {
       step("The rules of demo/web (nft list table ip kube-proxy, its chains and map elements)");
       let inWeb = false;
+      let container = "";
       for (const line of (await rules()).split("\n")) {
+        const head = line.match(/^\t(?:map|set|chain) (\S+) \{$/);
+        if (head) container = head[1];
         if (/^\tchain \S*demo\/web\//.test(line)) inWeb = true;
-        if (inWeb || (line.includes(WEB_VIP) && line.includes("goto"))) console.log(`  ${line}`);
+        if (inWeb) console.log(`  ${line}`);
+        else if (line.includes(`${WEB_VIP} . tcp`)) {
+          for (const el of line.replace(/^.*\{\s*|\s*\}\s*$/g, "").split(/,\s*/)) {
+            if (el.includes(WEB_VIP)) console.log(`  \telement of ${container}: ${el.trim()}`);
+          }
+        }
         if (inWeb && line === "\t}") inWeb = false;
       }
     } else {
