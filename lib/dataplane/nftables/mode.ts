@@ -16,7 +16,6 @@ import {
   ModeUnavailableError,
   type ProxyModeName,
 } from "../mode.ts";
-
 import { TABLE } from "./names.ts";
 
 /** The table name upstream's nftables mode uses in both families. */
@@ -47,8 +46,18 @@ export function versionLess(a: readonly number[], b: readonly number[]): boolean
   return false;
 }
 
+/** Host facts the start-up checks read (tests replace them). */
+export interface NftablesHost {
+  /** The kernel release (`Deno.osRelease()`). */
+  kernelRelease?: () => string;
+  /** An environment variable (`Deno.env.get`). */
+  env?: (name: string) => string | undefined;
+}
+
 /** A fresh nftables mode. */
-export function newNftablesMode(): DataplaneMode {
+export function newNftablesMode(host: NftablesHost = {}): DataplaneMode {
+  const kernelRelease = host.kernelRelease ?? (() => Deno.osRelease());
+  const env = host.env ?? ((name: string) => Deno.env.get(name));
   return {
     name: "nftables",
 
@@ -70,8 +79,8 @@ export function newNftablesMode(): DataplaneMode {
           `nft version must be v${MIN_NFT_VERSION.join(".")} or later; got ${v.stdout.trim()}`,
         );
       }
-      if ((Deno.env.get("KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK") ?? "") === "") {
-        const release = Deno.osRelease();
+      if ((env("KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK") ?? "") === "") {
+        const release = kernelRelease();
         const kernel = parseVersion(release);
         if (kernel === null) {
           throw new ModeUnavailableError(
