@@ -26,7 +26,7 @@ ln -sf "$deno_bin" "$DKP_TOOLS/bin/deno"
 # System tools: command -> Debian package.
 declare -A tools=(
   [iptables-restore]=iptables [nft]=nftables [ipset]=ipset [conntrack]=conntrack
-  [ipvsadm]=ipvsadm [ip]=iproute2 [sysctl]=procps [choom]=util-linux
+  [ipvsadm]=ipvsadm [ip]=iproute2 [sysctl]=procps [choom]=util-linux [flock]=util-linux [openssl]=openssl
 )
 missing=()
 for t in "${!tools[@]}"; do
