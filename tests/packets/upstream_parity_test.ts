@@ -52,6 +52,8 @@ const NODE_IP6 = "fd00:77::1";
 const UPSTREAM_USER = "parity-upstream";
 const OUR_USER = "parity-ours";
 type Backend = "nft" | "legacy";
+/** How long a difference between two synced, stable dumps may last before it counts. */
+const SETTLE_MS = 5000;
 
 /** A local (node1) and a remote (node2) pod address per family. */
 const LOCAL4 = ["10.244.0.11", "10.244.0.12", "10.244.0.13"];
@@ -422,22 +424,148 @@ function portKeys(c: Case): string[] {
   return ((c.spec.ports ?? []) as PortLite[]).map((p) => `${NS}/${c.name}:${p.name}`);
 }
 
-/** Creates the corpus through the API (status of load balancers through /status); returns the port keys. */
-async function createCorpus(api: KubeApiServer): Promise<string[]> {
-  await api.create({ apiVersion: "v1", kind: "Namespace", metadata: { name: NS } });
-  const keys: string[] = [];
-  for (const c of corpus()) {
-    const svc = await api.create(serviceOf(c));
-    if (c.lbIngress) {
-      await api.patchStatus({ apiVersion: "v1", kind: "Service", namespace: NS, name: c.name }, {
-        loadBalancer: { ingress: c.lbIngress.map((i) => ({ ip: i.ip, ipMode: i.ipMode ?? "VIP" })) },
-      });
-    }
-    for (const s of slicesOf(c, svc)) await api.create(s);
-    keys.push(...portKeys(c));
+/**
+ * The cluster state as the test wrote it through the API: the cases by name, and the service port keys
+ * that existed once and are gone (they must disappear from both proxies' rules).
+ */
+class ClusterState {
+  readonly cases = new Map<string, Case>();
+  readonly #gone = new Set<string>();
+
+  constructor(readonly api: KubeApiServer) {}
+
+  /** Creates a case: its Service, its load balancer status (through /status), its EndpointSlices. */
+  async add(c: Case): Promise<void> {
+    const svc = await this.api.create(serviceOf(c));
+    if (c.lbIngress) await this.#setIngress(c);
+    for (const sl of slicesOf(c, svc)) await this.api.create(sl);
+    this.cases.set(c.name, c);
   }
-  return keys;
+
+  /** Deletes a case's Service and EndpointSlices. */
+  async remove(name: string): Promise<void> {
+    const c = this.#case(name);
+    await this.api.remove(serviceOf(c));
+    for (const sl of slicesOf(c, serviceOf(c))) await this.api.remove(sl);
+    this.cases.delete(name);
+    for (const k of portKeys(c)) this.#gone.add(k);
+  }
+
+  /**
+   * Changes a case in place, as a user would: a merge patch of the Service (fields the new spec lacks are
+   * removed), its status when the ingress changed, and each EndpointSlice updated, created or deleted.
+   */
+  async change(name: string, mutate: (c: Case) => void): Promise<void> {
+    const before = this.#case(name);
+    const after = structuredClone(before);
+    mutate(after);
+    const spec: Record<string, unknown> = { ...serviceOf(after).spec };
+    for (const k of Object.keys(serviceOf(before).spec!)) if (!(k in spec)) spec[k] = null;
+    const ref = { apiVersion: "v1", kind: "Service", namespace: NS, name };
+    const svc = await this.api.patch<Service>(ref, { spec });
+    if (JSON.stringify(before.lbIngress) !== JSON.stringify(after.lbIngress)) await this.#setIngress(after);
+    const [oldSlices, newSlices] = [slicesOf(before, svc), slicesOf(after, svc)];
+    for (let i = 0; i < Math.max(oldSlices.length, newSlices.length); i++) {
+      if (newSlices[i] && oldSlices[i]) await this.api.update(newSlices[i]);
+      else if (newSlices[i]) await this.api.create(newSlices[i]);
+      else await this.api.remove(oldSlices[i]);
+    }
+    this.cases.set(name, after);
+    const keys = new Set(portKeys(after));
+    for (const k of portKeys(before)) if (!keys.has(k)) this.#gone.add(k);
+  }
+
+  /** The service port keys kube-proxy must program now. */
+  present(): string[] {
+    return [...this.cases.values()].flatMap(portKeys);
+  }
+
+  /** Keys that were programmed once and must be gone now. */
+  absent(): string[] {
+    const present = new Set(this.present());
+    return [...this.#gone].filter((k) => !present.has(k));
+  }
+
+  async #setIngress(c: Case): Promise<void> {
+    await this.api.patchStatus({ apiVersion: "v1", kind: "Service", namespace: NS, name: c.name }, {
+      loadBalancer: { ingress: (c.lbIngress ?? []).map((i) => ({ ip: i.ip, ipMode: i.ipMode ?? "VIP" })) },
+    });
+  }
+
+  #case(name: string): Case {
+    const c = this.cases.get(name);
+    if (!c) throw new Error(`no case ${name}`);
+    return c;
+  }
 }
+
+/** A round of the comparison: changes to the cluster state made while both proxies run, then a compare. */
+interface Round {
+  name: string;
+  change?: (state: ClusterState) => Promise<void>;
+}
+
+/**
+ * The changes made while the proxies run, one list per backend step (the second step starts from the
+ * state the first left): deletions, endpoint moves, policy, affinity, type, port and family changes.
+ */
+const CHANGES: Round[][] = [
+  [
+    {
+      name: "delete, move endpoints, drop source ranges and affinity, eTP Local->Cluster, add a Service",
+      change: async (st) => {
+        await st.remove("cip");
+        await st.change("np", (c) => c.slices = [{ endpoints: [local(LOCAL4[2]), remote(REMOTE4[2])] }]);
+        await st.change("lb", (c) => {
+          delete c.spec.loadBalancerSourceRanges;
+          c.lbIngress = [{ ip: "203.0.113.12" }];
+        });
+        await st.change("affinity", (c) => {
+          c.spec.sessionAffinity = "None";
+          delete c.spec.sessionAffinityConfig;
+        });
+        await st.change("np-local", (c) => c.spec.externalTrafficPolicy = "Cluster");
+        await st.change("noep", (c) => c.slices = [{ endpoints: [remote(REMOTE4[2])] }]);
+        await st.change(
+          "terminating",
+          (c) => c.slices = [{ endpoints: [local(LOCAL4[0]), remote(REMOTE4[0])] }],
+        );
+        await st.change("multi", (c) => {
+          c.spec.ports = (c.spec.ports as PortLite[]).filter((p) => p.name !== "https");
+          c.slices![0].ports = c.slices![0].ports!.filter((p) => p.name !== "https");
+        });
+        await st.change("dual", (c) => c.slices = c.slices!.slice(0, 1));
+        await st.add({
+          name: "late",
+          spec: { type: "NodePort", ports: p80, externalTrafficPolicy: "Local" },
+          slices: [{ endpoints: [local(LOCAL4[1]), remote(REMOTE4[1])] }],
+        });
+      },
+    },
+  ],
+  [
+    {
+      name:
+        "re-create, iTP Local->Cluster, new external IPs, LB->ClusterIP, NodePort->LB, hints and slices go",
+      change: async (st) => {
+        await st.remove("late");
+        await st.add(corpus().find((c) => c.name === "cip")!);
+        await st.change("itp-local", (c) => delete c.spec.internalTrafficPolicy);
+        await st.change("ext", (c) => c.spec.externalIPs = ["198.51.100.9"]);
+        await st.change("lb-noalloc", (c) => {
+          c.spec.type = "ClusterIP";
+          delete c.spec.allocateLoadBalancerNodePorts;
+        });
+        await st.change("np", (c) => {
+          c.spec.type = "LoadBalancer";
+          c.lbIngress = [{ ip: "203.0.113.90" }];
+        });
+        await st.change("topo-zone", (c) => delete c.slices![0].endpoints[1].hintZones);
+        await st.change("sctp", (c) => c.slices = []);
+      },
+    },
+  ],
+];
 
 /** The node object both proxies run as: dual-stack, zone-a. */
 function nodeObject(): KubeObject {
@@ -503,41 +631,57 @@ function startUpstream(sb: Sandbox, kubeconfig: string, pathDir: string): Sandbo
 }
 
 /**
- * Waits until `dump` names every service port key in some rule comment and two dumps 1 s apart are identical; returns the
- * last dump. Rejects with what is missing after `timeoutMs`, or at once when the proxy exits.
+ * Waits until `dump` names every `present` service port key in some rule comment and none of `absent`, and
+ * two dumps 1 s apart are identical; returns the last dump. Rejects with what is missing after `timeoutMs`,
+ * or at once when the proxy exits.
  */
 async function synced(
   who: string,
   proc: SandboxProcess,
   dump: () => Promise<RuleDump>,
-  keys: string[],
+  state: ClusterState,
   timeoutMs: number,
 ): Promise<RuleDump> {
   let exited = false;
   proc.status.then(() => exited = true);
   const deadline = Date.now() + timeoutMs;
+  const named = (all: string, k: string) => all.includes(`${k} `) || all.includes(`${k}"`);
   let prev = "";
-  let missing: string[] = keys;
   while (true) {
     if (exited) throw new Error(`${who} exited:\n${proc.tail()}`);
     const d = await dump();
     const all = Object.values(d).join("\n");
-    missing = keys.filter((k) => !all.includes(`${k} `) && !all.includes(`${k}"`));
+    const wrong = [
+      ...state.present().filter((k) => !named(all, k)).map((k) => `missing ${k}`),
+      ...state.absent().filter((k) => named(all, k)).map((k) => `still has ${k}`),
+    ];
     // Normalized: chain counters move with every packet (the proxies' own API traffic).
     const text = JSON.stringify(Object.entries(d).map(([k, v]) => [k, iptablesNormalizer(k, v)]));
-    if (missing.length === 0 && text === prev) return d;
-    prev = missing.length === 0 ? text : "";
+    if (wrong.length === 0 && text === prev) return d;
+    prev = wrong.length === 0 ? text : "";
     if (Date.now() > deadline) {
-      throw new Error(
-        `${who} did not sync in ${timeoutMs} ms; missing ${missing.join(", ")}\n${proc.tail()}`,
-      );
+      throw new Error(`${who} did not sync in ${timeoutMs} ms: ${wrong.join(", ")}\n${proc.tail()}`);
     }
     await sleep(1000);
   }
 }
 
-/** Both proxies in two fresh sandboxes on `backend`; resolves with the comparison of their rules. */
-async function runPair(api: KubeApiServer, backend: Backend, keys: string[]): Promise<ParityResult> {
+/** The comparison after one round. */
+interface RoundResult {
+  round: string;
+  result: ParityResult;
+}
+
+/**
+ * Both proxies in two fresh sandboxes on `backend`: compares their rules once synced, then after each
+ * round of changes.
+ */
+async function runPair(
+  state: ClusterState,
+  backend: Backend,
+  rounds: Round[],
+): Promise<RoundResult[]> {
+  const api = state.api;
   const [up, ours] = await Promise.all([
     Sandbox.create({ ipv6: true, nodeIP: NODE_IP, nodeIP6: NODE_IP6 }),
     Sandbox.create({ ipv6: true, nodeIP: NODE_IP, nodeIP6: NODE_IP6 }),
@@ -566,12 +710,23 @@ async function runPair(api: KubeApiServer, backend: Backend, keys: string[]): Pr
     const exec = async (ns: string, cmd: string, args: string[]) =>
       (await (ns === up.node ? up : ours).exec(ns, cmd, args)).stdout;
     const dumper: RuleDumper = iptablesDumper(exec, backend, ["IPv4", "IPv6"]);
-    const [upDump, ourDump] = await Promise.all([
-      synced("upstream kube-proxy", upstream, () => dumper(up.node), keys, 30_000),
-      synced("the agent", agent, () => dumper(ours.node), keys, 30_000),
-    ]);
+    const out: RoundResult[] = [];
+    for (const round of [{ name: "initial state" } as Round, ...rounds]) {
+      await round.change?.(state);
+      // Both synced and stable, and then equal; a difference that lasts SETTLE_MS is reported.
+      const settleBy = Date.now() + SETTLE_MS;
+      let result: ParityResult;
+      do {
+        const [upDump, ourDump] = await Promise.all([
+          synced("upstream kube-proxy", upstream, () => dumper(up.node), state, 30_000),
+          synced("the agent", agent, () => dumper(ours.node), state, 30_000),
+        ]);
+        result = compareRules(upDump, ourDump, iptablesNormalizer, { known: [UPSTREAM_NFACCT] });
+      } while (!result.equal && Date.now() < settleBy);
+      out.push({ round: round.name, result });
+    }
     assert.match(agent.output, new RegExp(`Detected iptables backend.* backend="${backend}"`));
-    return compareRules(upDump, ourDump, iptablesNormalizer, { known: [UPSTREAM_NFACCT] });
+    return out;
   } finally {
     await Promise.all(procs.map((p) => p.stop(5000).catch(() => {})));
     await Promise.all([up.destroy(), ours.destroy()]);
@@ -601,19 +756,29 @@ Deno.test({
         } as KubeObject);
       }
       await api.create(nodeObject());
-      const keys = await createCorpus(api);
+      await api.create({ apiVersion: "v1", kind: "Namespace", metadata: { name: NS } });
+      const state = new ClusterState(api);
       const cases = corpus();
-      for (const backend of ["nft", "legacy"] as const) {
-        const ignored = cases.filter((c) => c.programmed === false).length;
+      for (const c of cases) await state.add(c);
+      const ignored = cases.filter((c) => c.programmed === false).length;
+      const backends = ["nft", "legacy"] as const;
+      for (const [i, backend] of backends.entries()) {
         await t.step(
-          `iptables-${backend}: ${cases.length} Services (${ignored} that kube-proxy ignores), ${keys.length} service ports`,
+          `iptables-${backend}: ${state.cases.size} Services (${ignored} that kube-proxy ignores), ` +
+            `${state.present().length} service ports, then changes`,
           async () => {
-            const result = await runPair(api, backend, keys);
-            console.log(
-              `normalized upstream lines per section: ${JSON.stringify(result.lines)}; ` +
-                `set aside as known differences: ${JSON.stringify(result.known)}`,
-            );
-            assert.ok(result.equal, `rules differ in ${result.differing.join(", ")}:\n${result.diff}`);
+            const results = await runPair(state, backend, CHANGES[i]);
+            const failures: string[] = [];
+            for (const { round, result } of results) {
+              console.log(
+                `${round}: normalized upstream lines ${JSON.stringify(result.lines)}; ` +
+                  `set aside as known differences ${JSON.stringify(result.known)}`,
+              );
+              if (!result.equal) {
+                failures.push(`${round}: rules differ in ${result.differing.join(", ")}:\n${result.diff}`);
+              }
+            }
+            assert.deepEqual(failures, [], failures.join("\n"));
           },
         );
       }
