@@ -193,6 +193,8 @@ export interface KubeApiServerOptions {
 export interface KubeconfigOptions {
   /** A bearer token (`users[].user.token`). */
   token?: string;
+  /** A file holding the bearer token (`users[].user.tokenFile`), as in-cluster config reads it. */
+  tokenFile?: string;
   /** Where to write; default a new file in the server's temp directory. */
   path?: string;
   /** For clients in the test process: the server is {@linkcode KubeApiServer.localUrl}. */
@@ -447,7 +449,11 @@ export class KubeApiServer {
   async writeKubeconfig(opts: KubeconfigOptions = {}): Promise<string> {
     const path = opts.path ??
       await Deno.makeTempFile({ dir: this.dir, prefix: "kubeconfig-", suffix: ".yaml" });
-    const user = opts.token ? `    token: ${opts.token}` : "    {}";
+    const user = opts.token
+      ? `    token: ${opts.token}`
+      : opts.tokenFile
+      ? `    tokenFile: ${opts.tokenFile}`
+      : "    {}";
     await Deno.writeTextFile(
       path,
       [

@@ -268,7 +268,7 @@ Deno.test({
       );
 
       await t.step(
-        "a ServiceAccount token from TokenRequest, with deploy/daemonset.yaml's RBAC, in a kubeconfig",
+        "a ServiceAccount token from TokenRequest (tokenFile), with deploy/daemonset.yaml's RBAC",
         async () => {
           const startsBefore = (await nodeEvents(api, "Starting")).length;
           await agent!.stop(5000);
@@ -276,8 +276,10 @@ Deno.test({
             await api.create(obj);
           }
           const sa = (await deployObjects("ServiceAccount"))[0].metadata!;
-          const token = await api.createToken(sa.namespace!, sa.name!);
-          const kc = await api.writeKubeconfig({ token });
+          // In a token file, as the projected volume in-cluster config reads.
+          const tokenFile = `${api.dir}/sa-token`;
+          await Deno.writeTextFile(tokenFile, await api.createToken(sa.namespace!, sa.name!));
+          const kc = await api.writeKubeconfig({ tokenFile });
           agent = startAgent(sb, kc);
           await api.create(service({ name: "sa", clusterIP: "10.96.0.31" }));
           await api.create(endpointSlice("sa", [local(b.ip)]));
