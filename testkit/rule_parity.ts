@@ -192,6 +192,103 @@ export interface CompareOptions {
   known?: KnownDifference[];
 }
 
+/**
+ * A dumper of `nft list table <family> kube-proxy` for each family (`ip`, `ip6`); sections are
+ * `<family> kube-proxy`. A table that does not exist dumps as empty.
+ */
+export function nftablesDumper(
+  exec: NsExec,
+  families: ("ip" | "ip6")[] = ["ip"],
+  table = "kube-proxy",
+): RuleDumper {
+  return async (ns) => {
+    const out: RuleDump = {};
+    for (const family of families) {
+      out[`${family} ${table}`] = await exec(ns, "nft", ["list", "table", family, table]).catch(() => "");
+    }
+    return out;
+  };
+}
+
+/** Splits `a, b . c : goto x, { d, e }` at top-level commas. */
+function splitElements(text: string): string[] {
+  const out: string[] = [];
+  let depth = 0, cur = "";
+  for (const ch of text) {
+    if (ch === "{") depth++;
+    if (ch === "}") depth--;
+    if (ch === "," && depth === 0) {
+      out.push(cur.trim());
+      cur = "";
+    } else cur += ch;
+  }
+  if (cur.trim() !== "") out.push(cur.trim());
+  return out;
+}
+
+/**
+ * Normalizes `nft list table` output: counters (`counter packets N bytes M`) and dynamic-set expiry
+ * (`expires ...`) go; the elements of every set and map are sorted, one per line; the table's sets, maps
+ * and chains are sorted by name (their order in the listing is creation order, which upstream takes from
+ * Go map order for per-service objects; it has no meaning to the kernel). Rule order inside a chain is
+ * kept.
+ */
+export function normalizeNftTable(text: string): string[] {
+  // Join multi-line element lists first: "elements = { a,\n\t\t b }" -> one line.
+  const joined: string[] = [];
+  let pending: string | undefined;
+  let depth = 0;
+  for (const raw of text.split("\n")) {
+    const line = raw.trim();
+    if (pending !== undefined) {
+      pending += " " + line;
+      depth += (line.match(/\{/g)?.length ?? 0) - (line.match(/\}/g)?.length ?? 0);
+      if (depth <= 0) {
+        joined.push(pending);
+        pending = undefined;
+      }
+      continue;
+    }
+    if (line.startsWith("elements = {")) {
+      depth = (line.match(/\{/g)?.length ?? 0) - (line.match(/\}/g)?.length ?? 0);
+      if (depth > 0) {
+        pending = line;
+        continue;
+      }
+    }
+    joined.push(line);
+  }
+  // Blocks: the table's own lines, and one block per set/map/chain (header line to its closing brace).
+  const tableLines: string[] = [];
+  const blocks: string[][] = [];
+  let block: string[] | undefined;
+  for (let line of joined) {
+    if (line === "") continue;
+    line = line.replace(/(^| )counter packets \d+ bytes \d+/g, "$1counter").replace(/ expires \S+/g, "");
+    const m = /^elements = \{ (.*) \}$/.exec(line);
+    if (m) {
+      const elements = splitElements(m[1]).sort();
+      (block ?? tableLines).push("elements = {", ...elements.map((e) => `  ${e}`), "}");
+      continue;
+    }
+    if (block === undefined && /^(set|map|chain|flowtable|counter|quota|ct) .* \{$/.test(line)) {
+      block = [line];
+      continue;
+    }
+    if (block !== undefined && line === "}") {
+      blocks.push([...block, "}"]);
+      block = undefined;
+      continue;
+    }
+    (block ?? tableLines).push(line);
+  }
+  blocks.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  return [...tableLines, ...blocks.flat()];
+}
+
+/** The nftables normalizer for {@linkcode compareRules}. */
+export const nftablesNormalizer: Normalizer = (_section, text) => normalizeNftTable(text);
+
 /** The outcome of {@linkcode compareRules}. */
 export interface ParityResult {
   /** True when every section normalizes to the same lines. */

@@ -4,7 +4,9 @@ import assert from "node:assert/strict";
 import {
   compareRules,
   iptablesNormalizer,
+  nftablesNormalizer,
   normalizeIptablesSave,
+  normalizeNftTable,
   serviceKeyOf,
   UPSTREAM_NFACCT,
 } from "../../testkit/rule_parity.ts";
@@ -134,4 +136,35 @@ Deno.test("rule parity: upstream's nfacct rules are set aside, and ours having t
   assert.deepEqual(known.known, { nfacct: 2 });
   const both = compareRules(upstream, upstream, iptablesNormalizer, { known: [UPSTREAM_NFACCT] });
   assert.equal(both.equal, false);
+});
+
+Deno.test("rule parity: nft tables compare equal whatever the order of objects and elements, not of rules", () => {
+  const table = (
+    order: "ab" | "ba",
+    rules = ["ip daddr 10.96.0.1 jump mark", "numgen random mod 1 vmap { 0 : goto e }"],
+  ) => {
+    const a = ["\tchain service-AAAA-ns/a/tcp/http {", ...rules.map((r) => `\t\t${r}`), "\t}"];
+    const b = ["\tchain service-BBBB-ns/b/tcp/http {", "\t\tcounter packets 12 bytes 3456 jump x", "\t}"];
+    const elements = order === "ab"
+      ? "\t\telements = { 10.96.0.1 . tcp . 80 : goto service-AAAA-ns/a/tcp/http,\n\t\t\t     10.96.0.2 . tcp . 80 : goto service-BBBB-ns/b/tcp/http }"
+      : "\t\telements = { 10.96.0.2 . tcp . 80 : goto service-BBBB-ns/b/tcp/http,\n\t\t\t     10.96.0.1 . tcp . 80 : goto service-AAAA-ns/a/tcp/http }";
+    return [
+      "table ip kube-proxy {",
+      '\tcomment "rules for kube-proxy"',
+      "\tmap service-ips {",
+      "\t\ttype ipv4_addr . inet_proto . inet_service : verdict",
+      elements,
+      "\t}",
+      "",
+      ...(order === "ab" ? [...a, "", ...b] : [...b, "", ...a]),
+      "}",
+      "",
+    ].join("\n");
+  };
+  assert.deepEqual(normalizeNftTable(table("ab")), normalizeNftTable(table("ba")));
+  const n = normalizeNftTable(table("ab"));
+  assert.ok(n.includes("  10.96.0.1 . tcp . 80 : goto service-AAAA-ns/a/tcp/http"), n.join("\n"));
+  assert.ok(n.includes("counter jump x"), n.join("\n"));
+  const swapped = table("ab", ["numgen random mod 1 vmap { 0 : goto e }", "ip daddr 10.96.0.1 jump mark"]);
+  assert.equal(compareRules({ ip: table("ab") }, { ip: swapped }, nftablesNormalizer).equal, false);
 });
