@@ -206,6 +206,8 @@ export interface SandboxAgentOptions {
   clusterCIDR?: string;
   /** `--iptables-sync-period` in seconds. @default 5 */
   syncPeriodS?: number;
+  /** More flags, after the others. */
+  extraArgs?: string[];
 }
 
 /**
@@ -228,6 +230,7 @@ export function startSandboxAgent(
     "--iptables-min-sync-period=0s",
     "--conntrack-max-per-core=0",
     "-v=2",
+    ...(opts.extraArgs ?? []),
   ]);
   return sb.spawn(sb.node, cmd, args);
 }

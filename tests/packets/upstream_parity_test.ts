@@ -1,11 +1,13 @@
 /**
  * Rule parity with upstream kube-proxy (issue 12 item 3): upstream kube-proxy v1.35.4 (built by
- * scripts/build_k8s.sh, `--proxy-mode=iptables`) and this agent run side by side against one real
- * kube-apiserver, each in the node namespace of its own sandbox (identical: same addresses, same node name,
- * same flags), over a corpus of Services and EndpointSlices covering every shape kube-proxy renders. Once
- * both have synced, `iptables-save` and `ip6tables-save` of filter, nat and mangle must be identical after
- * normalization (testkit/rule_parity.ts: counters, and the per-service order of the chains upstream fills
- * in Go map order); a difference fails and prints a unified diff.
+ * scripts/build_k8s.sh) and this agent run side by side against one real kube-apiserver, each in the node
+ * namespace of its own sandbox (identical: same addresses, same node name, same flags), over a corpus of
+ * Services and EndpointSlices covering every shape kube-proxy renders. Once both have synced,
+ * `iptables-save` and `ip6tables-save` of filter, nat and mangle must be identical after normalization
+ * (testkit/rule_parity.ts: counters, and the per-service order of the chains upstream fills in Go map
+ * order); a difference fails and prints a unified diff. Steps: the nft and the legacy backend, each with a
+ * round of changes made while both run; five sets of rule-changing flags; and, as the agent has no
+ * nftables mode yet, upstream's nftables mode against itself to prove the nftables normalization.
  *
  * Known and tracked differences are set aside on upstream's side only (testkit/rule_parity.ts
  * `UPSTREAM_NFACCT`: the nfacct counters of issue 12 item 4), so the test fails once ours emits them too
@@ -504,6 +506,15 @@ class ClusterState {
   }
 }
 
+/** Flags that change the rules, each set run by both proxies on the same state. */
+const FLAG_VARIANTS: string[][] = [
+  ["--nodeport-addresses=primary", "--masquerade-all", "--iptables-masquerade-bit=10"],
+  ["--iptables-localhost-nodeports=false", "--nodeport-addresses=192.168.77.0/24,fd00:77::/64"],
+  ["--detect-local-mode=NodeCIDR"],
+  ["--detect-local-mode=BridgeInterface", "--pod-bridge-interface=br0"],
+  ["--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth"],
+];
+
 /** A round of the comparison: changes to the cluster state made while both proxies run, then a compare. */
 interface Round {
   name: string;
@@ -640,7 +651,12 @@ interface Mode {
 }
 
 /** Upstream kube-proxy in `mode`, calling the `backend`'s iptables programs. */
-function upstreamProxy(api: KubeApiServer, proxyMode: "iptables" | "nftables", backend: Backend): Proxy {
+function upstreamProxy(
+  api: KubeApiServer,
+  proxyMode: "iptables" | "nftables",
+  backend: Backend,
+  extraArgs: string[] = [],
+): Proxy {
   return {
     who: `upstream kube-proxy (${proxyMode})`,
     user: UPSTREAM_USER,
@@ -657,19 +673,27 @@ function upstreamProxy(api: KubeApiServer, proxyMode: "iptables" | "nftables", b
         "--iptables-min-sync-period=0s",
         "--conntrack-max-per-core=0",
         "-v=2",
+        ...extraArgs,
       ]),
   };
 }
 
 /** This agent, started as the other packet tests start it (the `start` task's permissions). */
-const OUR_AGENT: Proxy = {
-  who: "the agent",
-  user: OUR_USER,
-  start: (sb, kubeconfig) =>
-    Promise.resolve(
-      startSandboxAgent(sb, kubeconfig, { nodeName: NODE, clusterCIDR: CLUSTER_CIDR, syncPeriodS: 5 }),
-    ),
-};
+function ourAgent(extraArgs: string[] = []): Proxy {
+  return {
+    who: "the agent",
+    user: OUR_USER,
+    start: (sb, kubeconfig) =>
+      Promise.resolve(
+        startSandboxAgent(sb, kubeconfig, {
+          nodeName: NODE,
+          clusterCIDR: CLUSTER_CIDR,
+          syncPeriodS: 5,
+          extraArgs,
+        }),
+      ),
+  };
+}
 
 function iptablesMode(backend: Backend): Mode {
   return {
@@ -844,9 +868,15 @@ Deno.test({
             `${state.present().length} service ports, then changes`,
           async () => {
             const upstream = upstreamProxy(api, "iptables", backend);
-            assertSame(await runPair(state, iptablesMode(backend), upstream, OUR_AGENT, CHANGES[i]));
+            assertSame(await runPair(state, iptablesMode(backend), upstream, ourAgent(), CHANGES[i]));
           },
         );
+      }
+      for (const flags of FLAG_VARIANTS) {
+        await t.step(`iptables-nft with ${flags.join(" ")}`, async () => {
+          const upstream = upstreamProxy(api, "iptables", "nft", flags);
+          assertSame(await runPair(state, iptablesMode("nft"), upstream, ourAgent(flags), []));
+        });
       }
       // The agent has no nftables mode yet: upstream against upstream proves that the nftables
       // normalization removes exactly what Go map order changes, ready for the agent's nftables mode.
