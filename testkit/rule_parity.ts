@@ -155,7 +155,7 @@ export const iptablesNormalizer: Normalizer = (_section, text) => normalizeIptab
 /**
  * A difference from upstream that is known and tracked (an issue to build it), applied to upstream's
  * normalized lines only: it removes upstream's side of the difference and counts what it removed. When
- * our side gains the feature, its lines no longer match upstream's stripped ones and the comparison fails
+ * our side gains the feature (a line of ours the rewrite would touch), the comparison fails as `expired`
  * until the exception is dropped, so an exception cannot outlive its reason.
  */
 export interface KnownDifference {
@@ -301,6 +301,8 @@ export interface ParityResult {
   lines: Record<string, number>;
   /** Upstream lines each known difference dropped or changed. */
   known: Record<string, number>;
+  /** Known differences whose lines our side has too (the exception is no longer needed): a failure. */
+  expired: string[];
 }
 
 /** A unified diff of two texts, labelled as given. */
@@ -323,6 +325,7 @@ export function compareRules(
   const diffs: string[] = [];
   const lines: Record<string, number> = {};
   const known: Record<string, number> = {};
+  const expired: string[] = [];
   for (const section of sections) {
     let a = normalize(section, upstream[section] ?? "");
     for (const k of opts.known ?? []) {
@@ -336,11 +339,27 @@ export function compareRules(
       a = next;
     }
     const b = normalize(section, ours[section] ?? "");
+    for (const k of opts.known ?? []) {
+      if (b.some((line) => k.rewrite(section, line) !== line) && !expired.includes(k.id)) expired.push(k.id);
+    }
     lines[section] = a.length;
     const at = a.join("\n") + "\n", bt = b.join("\n") + "\n";
     if (at === bt) continue;
     differing.push(section);
     diffs.push(unifiedDiff(`upstream ${section}`, at, `ours ${section}`, bt));
   }
-  return { equal: differing.length === 0, differing, diff: diffs.join("\n"), lines, known };
+  if (expired.length > 0) {
+    diffs.unshift(
+      `known difference(s) ${expired.join(", ")} now show on our side too: the exception has expired, ` +
+        "remove it from the comparison",
+    );
+  }
+  return {
+    equal: differing.length === 0 && expired.length === 0,
+    differing,
+    diff: diffs.join("\n"),
+    lines,
+    known,
+    expired,
+  };
 }

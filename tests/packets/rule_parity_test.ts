@@ -136,6 +136,8 @@ Deno.test("rule parity: upstream's nfacct rules are set aside, and ours having t
   assert.deepEqual(known.known, { nfacct: 2 });
   const both = compareRules(upstream, upstream, iptablesNormalizer, { known: [UPSTREAM_NFACCT] });
   assert.equal(both.equal, false);
+  assert.deepEqual(both.expired, ["nfacct"]);
+  assert.match(both.diff, /nfacct now show on our side too: the exception has expired/);
 });
 
 Deno.test("rule parity: nft tables compare equal whatever the order of objects and elements, not of rules", () => {
