@@ -28,7 +28,7 @@ ln -sf "$deno_bin" "$DKP_TOOLS/bin/deno"
 declare -A tools=(
   [iptables-restore]=iptables [nft]=nftables [ipset]=ipset [conntrack]=conntrack
   [ipvsadm]=ipvsadm [ip]=iproute2 [sysctl]=procps [choom]=util-linux [unshare]=util-linux [nfacct]=nfacct
-  [modprobe]=kmod [systemd-analyze]=systemd
+  [modprobe]=kmod [systemd-analyze]=systemd [flock]=util-linux [openssl]=openssl
 )
 missing=()
 if [ "${DKP_SYSTEM_TOOLS:-1}" != 0 ]; then

@@ -184,6 +184,15 @@ const REASONS: Record<number, string> = {
  * What kube-apiserver answers (after waiting up to 3 s) for a list or watch from a resourceVersion it has not
  * reached, e.g. after an etcd restore: 504 with cause ResourceVersionTooLarge.
  */
+/**
+ * An object's JSON as kube-apiserver puts it in a list: without `apiVersion` and `kind` (the list carries
+ * them). Stored JSON starts with both (see `upsert`), so this is a slice.
+ */
+function listItemJson(json: string, info: ResourceInfo): string {
+  const prefix = `{"apiVersion":${JSON.stringify(info.apiVersion)},"kind":${JSON.stringify(info.kind)},`;
+  return json.startsWith(prefix) ? "{" + json.slice(prefix.length) : json;
+}
+
 function tooLargeResourceVersion(asked: number, current: number): Response {
   const body: Status & { details: unknown } = {
     ...statusBody(504, "Timeout", `Too large resource version: ${asked}, current: ${current}`),
@@ -514,9 +523,13 @@ export class ApiServerSimulator {
   /** Creates or replaces an object; sets resourceVersion (and uid, creationTimestamp when new). */
   upsert<T extends KubeObject>(resource: ResourceName, obj: T): T {
     const store = this.store(resource);
-    const copy = JSON.parse(JSON.stringify(obj)) as T;
-    copy.apiVersion ??= store.info.apiVersion;
-    copy.kind ??= store.info.kind;
+    const { apiVersion, kind, ...rest } = JSON.parse(JSON.stringify(obj)) as T;
+    // apiVersion and kind first, so that list items can drop them cheaply (listItemJson).
+    const copy = {
+      apiVersion: apiVersion ?? store.info.apiVersion,
+      kind: kind ?? store.info.kind,
+      ...rest,
+    } as T;
     const meta = copy.metadata ??= {};
     if (!meta.name) throw new HttpError(422, "metadata.name: Required value");
     if (store.info.namespaced) meta.namespace ??= "default";
@@ -813,7 +826,7 @@ export class ApiServerSimulator {
       if (limit > 0 && items.length >= limit) break;
       const s = store.objects.get(keys[i])!;
       if (!match(s.obj)) continue;
-      items.push(s.json);
+      items.push(listItemJson(s.json, store.info));
       lastKey = keys[i];
     }
     let more = false;

@@ -1,6 +1,7 @@
 /**
  * Test certificates made with openssl: a CA, a server certificate for 127.0.0.1/localhost and client
- * certificates whose keys are in PKCS#8, SEC1 (EC) and PKCS#1 (RSA) form.
+ * certificates whose keys are in PKCS#8, SEC1 (EC) and PKCS#1 (RSA) form ({@linkcode makeTestPki}); and
+ * the building blocks for other throwaway PKIs ({@linkcode makeCA}, {@linkcode issueCert}).
  * @module
  */
 
@@ -172,4 +173,98 @@ export async function makeTestPki(): Promise<TestPki> {
     rsaClientKeyPkcs1: await read(paths.rsaClientKeyPkcs1),
     paths,
   };
+}
+
+const EC_P256 = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"];
+
+/** A self-signed EC P-256 CA written as `<dir>/<name>.crt` and `<dir>/<name>.key`; returns their paths. */
+export async function makeCA(
+  dir: string,
+  name = "ca",
+  cn = "test-ca",
+): Promise<{ cert: string; key: string }> {
+  await openssl(dir, [
+    "req",
+    "-x509",
+    ...EC_P256,
+    "-nodes",
+    "-keyout",
+    `${name}.key`,
+    "-out",
+    `${name}.crt`,
+    "-days",
+    "2",
+    "-subj",
+    `/CN=${cn}`,
+  ]);
+  return { cert: `${dir}/${name}.crt`, key: `${dir}/${name}.key` };
+}
+
+/** What {@linkcode issueCert} puts in a certificate. */
+export interface CertRequest {
+  /** File base name: `<dir>/<name>.crt` and `<dir>/<name>.key` (EC P-256, PKCS#8). */
+  name: string;
+  /** Common name (a Kubernetes user name for client certificates). */
+  cn: string;
+  /** Organizations (Kubernetes groups for client certificates). */
+  orgs?: string[];
+  /** Server certificate with these subjectAltNames (`IP:...`, `DNS:...`); a client certificate otherwise. */
+  serverSANs?: string[];
+}
+
+/** Issues a certificate signed by `ca` (from {@linkcode makeCA}, same dir); returns the paths. */
+export async function issueCert(
+  dir: string,
+  ca: { cert: string; key: string },
+  req: CertRequest,
+): Promise<{ cert: string; key: string }> {
+  const subject = [...(req.orgs ?? []).map((o) => `/O=${o}`), `/CN=${req.cn}`].join("");
+  const ext = req.serverSANs
+    ? `subjectAltName=${req.serverSANs.join(",")}\nextendedKeyUsage=serverAuth\n`
+    : "extendedKeyUsage=clientAuth\n";
+  await Deno.writeTextFile(`${dir}/${req.name}.ext`, ext);
+  await openssl(dir, [
+    "req",
+    ...EC_P256,
+    "-nodes",
+    "-keyout",
+    `${req.name}.key`,
+    "-out",
+    `${req.name}.csr`,
+    "-subj",
+    subject,
+  ]);
+  await openssl(dir, [
+    "x509",
+    "-req",
+    "-in",
+    `${req.name}.csr`,
+    "-CA",
+    ca.cert,
+    "-CAkey",
+    ca.key,
+    "-CAcreateserial",
+    "-out",
+    `${req.name}.crt`,
+    "-days",
+    "2",
+    "-extfile",
+    `${req.name}.ext`,
+  ]);
+  return { cert: `${dir}/${req.name}.crt`, key: `${dir}/${req.name}.key` };
+}
+
+/** An EC P-256 key pair (PKCS#8 private key, SubjectPublicKeyInfo public key) as `<dir>/<name>.key/.pub`. */
+export async function makeKeyPair(dir: string, name: string): Promise<{ key: string; pub: string }> {
+  await openssl(dir, [
+    "genpkey",
+    "-algorithm",
+    "EC",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-out",
+    `${name}.key`,
+  ]);
+  await openssl(dir, ["pkey", "-in", `${name}.key`, "-pubout", "-out", `${name}.pub`]);
+  return { key: `${dir}/${name}.key`, pub: `${dir}/${name}.pub` };
 }

@@ -51,6 +51,28 @@ Deno.test("simulator: HTTP create/update/patch/delete, Status errors, stale cont
   }
 });
 
+Deno.test("simulator: list items carry no apiVersion/kind (the list does), watch and GET objects do, as kube-apiserver", async () => {
+  const sim = await ApiServerSimulator.start({ bookmarkIntervalMs: 0 });
+  const c = new KubeClient({ server: sim.url, source: "t" }, { qps: 0 });
+  try {
+    sim.upsert("services", { metadata: { namespace: "ns", name: "bare" }, spec: { clusterIP: "10.96.0.1" } });
+    sim.upsert("services", svc("ns", "full"));
+    const list = await c.list("/api/v1/services");
+    assert.equal(list.kind, "ServiceList");
+    for (const item of list.items ?? []) {
+      assert.deepEqual([item.apiVersion, item.kind], [undefined, undefined], JSON.stringify(item));
+    }
+    const one = await c.get("/api/v1/namespaces/ns/services/bare");
+    assert.deepEqual([one.apiVersion, one.kind], ["v1", "Service"]);
+    for await (const ev of c.watch("/api/v1/services", { resourceVersion: "1", timeoutSeconds: 1 })) {
+      assert.deepEqual([ev.object.apiVersion, ev.object.kind], ["v1", "Service"]);
+    }
+  } finally {
+    c.close();
+    await sim.close();
+  }
+});
+
 Deno.test("simulator: 20k services list in pages of 500 and fan out to 3 watchers", async () => {
   const sim = await ApiServerSimulator.start({ bookmarkIntervalMs: 0 });
   const c = new KubeClient({ server: sim.url, source: "t" }, { qps: 0 });
