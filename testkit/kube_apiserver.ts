@@ -122,6 +122,8 @@ const RESOURCES: Record<string, ResourceInfo> = {
     namespaced: true,
   },
   "events.k8s.io/v1/Event": { group: "/apis/events.k8s.io/v1", plural: "events", namespaced: true },
+  "v1/ConfigMap": { group: "/api/v1", plural: "configmaps", namespaced: true },
+  "apps/v1/DaemonSet": { group: "/apis/apps/v1", plural: "daemonsets", namespaced: true },
   "rbac.authorization.k8s.io/v1/ClusterRole": {
     group: "/apis/rbac.authorization.k8s.io/v1",
     plural: "clusterroles",
@@ -169,7 +171,7 @@ export function objectPath(ref: ObjectRef): string {
   return path;
 }
 
-function refOf(obj: KubeObject): ObjectRef {
+export function refOf(obj: KubeObject): ObjectRef {
   if (!obj.apiVersion || !obj.kind) throw new Error("object without apiVersion/kind");
   return {
     apiVersion: obj.apiVersion,
@@ -293,6 +295,8 @@ export class KubeApiServer {
       `--service-account-signing-key-file=${sa.key}`,
       `--service-cluster-ip-range=${serviceCIDRs.join(",")}`,
       "--authorization-mode=Node,RBAC",
+      // As kubeadm: kube-proxy and CNI DaemonSets run privileged.
+      "--allow-privileged=true",
       `--token-auth-file=${dir}/tokens.csv`,
       "--profiling=false",
     ];

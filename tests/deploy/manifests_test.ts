@@ -20,6 +20,13 @@ import {
   kubeProxyContainer,
   readDeployManifests,
 } from "../../testkit/deploy.ts";
+import {
+  KubeApiServer,
+  kubeApiServerUnavailableReason,
+  objectPath,
+  refOf,
+} from "../../testkit/kube_apiserver.ts";
+import type { KubeObject } from "../../lib/kube/types.ts";
 
 const SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 /** How long the agent waits for its Node before exiting (NodeManager's default waitTimeoutMs). */
@@ -158,14 +165,29 @@ Deno.test("manifests: the DaemonSet's service account is bound to system:node-pr
   assert.equal(ds.spec.template.spec.hostNetwork, true);
 });
 
-// TODO(real-apiserver dry run): once testkit/kube_apiserver.ts lands (branch real-apiserver: etcd plus the
-// kube-apiserver built by scripts/build_k8s.sh), start it here and send every object of readDeployManifests() to
-// it with server-side dry run and strict field validation (POST ...?dryRun=All&fieldValidation=Strict, the
-// ConfigMap and ServiceAccount before the DaemonSet), expecting each to be accepted. The lead wires this.
+// Server-side dry run with strict field validation: the real kube-apiserver (scripts/build_k8s.sh) must accept
+// every object as written, in dependency order (namespace objects before the DaemonSet that uses them).
 Deno.test({
-  name: "manifests: a real kube-apiserver accepts every manifest (server-side dry run)",
-  ignore: true,
-  fn: () => {
-    throw new Error("not wired yet: needs testkit/kube_apiserver.ts from branch real-apiserver");
+  name: "manifests: a real kube-apiserver accepts every manifest (server-side dry run, strict fields)",
+  ignore: kubeApiServerUnavailableReason() !== undefined,
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const api = await KubeApiServer.start();
+    try {
+      const order = ["ServiceAccount", "ClusterRoleBinding", "ConfigMap", "DaemonSet"];
+      const all = readDeployManifests().sort((a, b) => order.indexOf(a.obj.kind) - order.indexOf(b.obj.kind));
+      assert.equal(all.length, order.length);
+      for (const { file, obj } of all) {
+        const path = objectPath({ ...refOf(obj as KubeObject), name: undefined }) +
+          "?dryRun=All&fieldValidation=Strict";
+        const stored = await api.request<KubeObject>("POST", path, obj).catch((err) => {
+          throw new Error(`${file}: ${obj.kind}/${obj.metadata.name} rejected: ${(err as Error).message}`);
+        });
+        assert.equal(stored.metadata?.name, obj.metadata.name);
+      }
+    } finally {
+      await api.stop();
+    }
   },
 });
