@@ -170,6 +170,9 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     await stop();
     throw err;
   }
+  stops.push(() => {
+    for (const dp of dataplanes.values()) dp.stop?.();
+  });
   for (const family of families) {
     log.info("Created proxier", {
       ipFamily: family,

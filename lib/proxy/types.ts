@@ -145,6 +145,8 @@ export interface Dataplane {
    * Resolves true when a full resync is needed. Optional.
    */
   needsFullSync?(): Promise<boolean>;
+  /** Stops the dataplane's own timers (the rules stay in the kernel). Optional. */
+  stop?(): void;
 }
 
 /** The updates the proxier reports (also implemented by test doubles). */
