@@ -242,7 +242,9 @@ function verdictTarget(value: readonly string[] | undefined): string | undefined
 
 /** Records how to undo the changes of one transaction; each object is saved once, at its first change. */
 class Undo {
+  // One record per object and aspect: an object's fields, and separately a set's element map.
   readonly #saved = new Set<object>();
+  readonly #savedElements = new Set<FakeSet>();
   readonly #steps: (() => void)[] = [];
 
   #first(obj: object, save: () => () => void): void {
@@ -286,11 +288,11 @@ class Undo {
   }
 
   setElements(s: FakeSet): void {
-    this.#first(s.elements, () => {
-      const old = s.elements;
-      s.elements = new Map(old);
-      return () => (s.elements = old);
-    });
+    if (this.#savedElements.has(s)) return;
+    this.#savedElements.add(s);
+    const old = s.elements;
+    s.elements = new Map(old);
+    this.#steps.push(() => (s.elements = old));
   }
 
   counter(c: FakeCounter): void {
@@ -311,13 +313,14 @@ class Undo {
  *
  * @example Usage
  * ```ts
+ * import assert from "node:assert/strict";
  * import { FakeNftables } from "./fake.ts";
  * const nft = new FakeNftables("ip", "kube-proxy");
  * const tx = nft.newTransaction();
  * tx.add({ kind: "table" });
  * tx.add({ kind: "chain", name: "services" });
  * await nft.run(tx);
- * console.assert(nft.dump() === "table ip kube-proxy {\n\tchain services {\n\t}\n}\n");
+ * assert.equal(nft.dump(), "table ip kube-proxy {\n\tchain services {\n\t}\n}\n");
  * ```
  */
 export class FakeNftables implements Nftables {

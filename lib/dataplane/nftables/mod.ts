@@ -5,14 +5,15 @@
  *
  * @example Usage
  * ```ts
+ * import assert from "node:assert/strict";
  * import { FakeNftables, isNotFound } from "./mod.ts";
  * const nft = new FakeNftables("ip", "kube-proxy");
  * const tx = nft.newTransaction();
  * tx.add({ kind: "table", comment: "rules for kube-proxy" });
  * tx.add({ kind: "chain", name: "services" });
  * tx.add({ kind: "rule", chain: "services", rule: "jump missing" });
- * await nft.run(tx).catch((err) => console.assert(isNotFound(err)));
- * console.assert(nft.dump() === ""); // nothing was applied
+ * await assert.rejects(nft.run(tx), (err) => isNotFound(err));
+ * assert.equal(nft.dump(), ""); // nothing was applied
  * ```
  * @module
  */

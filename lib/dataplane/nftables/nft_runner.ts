@@ -120,11 +120,13 @@ export function elementsFromJson(type: "set" | "map", name: string, objs: JsonOb
       if (typeof e.comment === "string") comment = e.comment;
       if (typeof e.timeout === "number") timeout = e.timeout;
     }
-    const parts = jsonValueParts(key);
     out.push({
       kind: "element",
-      ...(type === "set" ? { set: name } : { map: name, value: jsonValueParts(value) }),
-      key: parts,
+      ...(type === "set" ? { set: name, key: jsonValueParts(key) } : {
+        map: name,
+        key: jsonValueParts(key),
+        value: jsonValueParts(value),
+      }),
       ...(comment !== undefined ? { comment } : {}),
       ...(timeout !== undefined ? { timeout } : {}),
     });

@@ -34,13 +34,17 @@ const encoder = new TextEncoder();
  *
  * @example Usage
  * ```ts
+ * import assert from "node:assert/strict";
  * import { Transaction } from "./transaction.ts";
  * const tx = new Transaction("ip", "kube-proxy");
  * tx.add({ kind: "table", comment: "rules for kube-proxy" });
  * tx.add({ kind: "chain", name: "services" });
  * tx.flush({ kind: "chain", name: "services" });
- * console.assert(tx.toString() === 'add table ip kube-proxy { comment "rules for kube-proxy" ; }\n' +
- *   "add chain ip kube-proxy services\nflush chain ip kube-proxy services\n");
+ * assert.equal(
+ *   tx.toString(),
+ *   'add table ip kube-proxy { comment "rules for kube-proxy" ; }\n' +
+ *     "add chain ip kube-proxy services\nflush chain ip kube-proxy services\n",
+ * );
  * ```
  */
 export class Transaction {
