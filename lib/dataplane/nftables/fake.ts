@@ -579,7 +579,8 @@ function acquireRule(t: FakeTable, r: FakeRule, undo: Undo): void {
   }
   for (const s of r.refs.sets) {
     const set = t.setOrMap(s.name);
-    if (!set || (s.map && set.kind !== "map")) throw notFound(`no such ${s.map ? "map" : "set"} ${s.name}`);
+    if (!set) throw notFound(`no such ${s.map ? "map" : "set"} ${s.name}`);
+    if (s.map && set.kind !== "map") throw new Failure(`@${s.name}: Expression is not a map`);
   }
   for (const name of r.refs.counters) {
     if (!t.counters.has(name)) throw notFound(`no such counter ${name}`);

@@ -156,6 +156,24 @@ export class Transaction {
     return this.#error ? `${body}# ERROR: ${this.#error.message}` : body;
   }
 
+  /** Size in bytes of the `nft -f -` input (UTF-8), without building the byte array. */
+  byteLength(): number {
+    let n = 0;
+    for (const line of this.lines()) {
+      n += line.length + 1;
+      for (let i = 0; i < line.length; i++) {
+        const c = line.charCodeAt(i);
+        if (c < 0x80) continue;
+        if (c < 0x800) n += 1;
+        else if (c >= 0xd800 && c <= 0xdbff) {
+          n += 2; // a surrogate pair: 4 bytes for 2 UTF-16 units
+          i++;
+        } else n += 2;
+      }
+    }
+    return n;
+  }
+
   /** The `nft -f -` input as UTF-8 bytes (without the error line). */
   encode(): Uint8Array {
     return encoder.encode(this.#ops.length === 0 ? "" : this.lines().join("\n") + "\n");

@@ -449,6 +449,8 @@ Deno.test({
         tx.add({ kind: "rule", chain: SVC3, rule: "ip saddr @no-such-set drop" }));
       await p.fails("rule using a missing map", "ENOENT", (tx) =>
         tx.add({ kind: "rule", chain: SVC3, rule: "ip daddr . meta l4proto . th dport vmap @no-such-map" }));
+      await p.fails("vmap of a set that is not a map", undefined, (tx) =>
+        tx.add({ kind: "rule", chain: SVC3, rule: "ip daddr vmap @cluster-ips" }));
       await p.fails("rule in a missing chain", "ENOENT", (tx) =>
         tx.add({ kind: "rule", chain: "no-such-chain", rule: "accept" }));
       await p.fails("map element going to a missing chain", "ENOENT", (tx) =>
@@ -487,6 +489,14 @@ Deno.test({
       await p.fails("rule index out of range", "ENOENT", (tx) =>
         tx.add({ kind: "rule", chain: SVC1, rule: "accept", index: 50 }));
 
+      await p.apply("a map used as a set lookup", (tx) => {
+        tx.add({ kind: "chain", name: "lookups" });
+        tx.add({
+          kind: "rule",
+          chain: "lookups",
+          rule: "ip daddr . meta l4proto . th dport @service-ips accept",
+        });
+      });
       await p.apply("rules by index and handle", (tx) => {
         tx.add({ kind: "chain", name: "positions" });
         tx.add({ kind: "rule", chain: "positions", rule: "accept" });

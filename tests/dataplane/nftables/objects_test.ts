@@ -363,6 +363,10 @@ Deno.test("Transaction renders one line per operation and encodes the same bytes
   const bytes = tx.encode();
   assert.equal(new TextDecoder().decode(bytes), text);
   assert.equal(bytes.length, text.length + 1); // "é" is two bytes
+  assert.equal(tx.byteLength(), bytes.length);
+  const wide = new Transaction("ip", "t");
+  wide.add({ kind: "rule", chain: "c", rule: "accept", comment: "€ 😀 ü" });
+  assert.equal(wide.byteLength(), wide.encode().length);
   assert.equal(new Transaction("ip", "t").toString(), "");
 });
 
