@@ -17,7 +17,6 @@
  * @module
  */
 import type { CommandRunner } from "../../exec.ts";
-import { CommandError } from "../../exec.ts";
 import { log as rootLog, type Logger } from "../../log.ts";
 import { nftablesCleanupFailuresTotal, nftablesSyncFailuresTotal } from "../../metrics.ts";
 import { isLoopback } from "../../net/ip.ts";
@@ -32,23 +31,31 @@ import { sameRenderedState } from "../../proxy/state_equality.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, SyncResult } from "../../proxy/types.ts";
 import { type LocalTraffic, NO_LOCAL_TRAFFIC } from "../local_traffic.ts";
 import { masqueradeMark } from "../masquerade.ts";
-import { extractLines } from "../payload.ts";
+import { NftablesError } from "./errors.ts";
+import type { Nftables } from "./interface.ts";
 import { isAffinitySetName, isServiceChainName, TABLE } from "./names.ts";
+import { NftablesRunner } from "./nft_runner.ts";
+import type { Transaction } from "./transaction.ts";
 import {
   elementContainers,
+  elementObject,
   type NftElement,
   nftFamily,
+  type NftOp,
   type NftPortRender,
   type NftRenderConfig,
   renderServicePort,
-  setupLines,
+  ruleObject,
+  setupOps,
 } from "./rules.ts";
 
 /** Options of {@linkcode NftablesDataplane}. */
 export interface NftablesDataplaneOptions {
   family: IPFamily;
-  /** Runs `nft` (and `ip` for CIDR nodePortAddresses). */
+  /** Runs `ip` for CIDR nodePortAddresses, and `nft` unless `nftables` is given. */
   runner: CommandRunner;
+  /** The table's nftables access (default: `nft` through `runner`; tests pass a FakeNftables). */
+  nftables?: Nftables;
   /** Default 14. */
   masqueradeBit?: number;
   masqueradeAll?: boolean;
@@ -77,35 +84,39 @@ interface Written {
 
 /** Sections of one transaction, written in this order. */
 class Tx {
-  setup = "";
-  flushes: string[] = [];
-  setDeletes: string[] = [];
-  setAdds: string[] = [];
-  chains: string[] = [];
-  rules: string[] = [];
-  elemDeletes: string[] = [];
-  elemAdds: string[] = [];
+  setup: NftOp[] = [];
+  flushes: NftOp[] = [];
+  setDeletes: NftOp[] = [];
+  setAdds: NftOp[] = [];
+  chains: NftOp[] = [];
+  rules: NftOp[] = [];
+  elemDeletes: NftOp[] = [];
+  elemAdds: NftOp[] = [];
 
-  text(): string {
-    return this.setup + this.flushes.join("") + this.setDeletes.join("") + this.setAdds.join("") +
-      this.chains.join("") + this.rules.join("") + this.elemDeletes.join("") + this.elemAdds.join("");
-  }
-
-  get empty(): boolean {
-    return this.setup === "" && this.flushes.length === 0 && this.setDeletes.length === 0 &&
-      this.setAdds.length === 0 && this.chains.length === 0 && this.rules.length === 0 &&
-      this.elemDeletes.length === 0 &&
-      this.elemAdds.length === 0;
+  /** The operations as one transaction. */
+  build(nft: Nftables): Transaction {
+    const tx = nft.newTransaction();
+    const sections = [
+      this.setup,
+      this.flushes,
+      this.setDeletes,
+      this.setAdds,
+      this.chains,
+      this.rules,
+      this.elemDeletes,
+      this.elemAdds,
+    ];
+    for (const section of sections) {
+      for (const [verb, obj] of section) {
+        if (verb === "flush") tx.flush(obj as Parameters<Transaction["flush"]>[0]);
+        else tx[verb](obj);
+      }
+    }
+    return tx;
   }
 }
 
 const STALE_CHAIN_DELAY_MS = 1000;
-
-/** Parses nft's error output (`/dev/stdin:12:3-20: Error: ...`) for the failing input line. */
-export function nftFailedLine(stderr: string): number | null {
-  const m = stderr.match(/^(?:\/dev\/stdin|-):(\d+):/m);
-  return m ? Number(m[1]) : null;
-}
 
 function elementKey(e: NftElement): string {
   return `${e.container} ${e.key}`;
@@ -121,8 +132,8 @@ export class NftablesDataplane implements Dataplane {
   private readonly runner: CommandRunner;
   private readonly log: Logger;
   private readonly opts: NftablesDataplaneOptions;
+  private readonly nft: Nftables;
   private readonly fam: "ip" | "ip6";
-  private readonly t: string;
   private readonly now: () => number;
   private readonly mark: string;
 
@@ -150,7 +161,7 @@ export class NftablesDataplane implements Dataplane {
     this.runner = opts.runner;
     this.log = (opts.logger ?? rootLog).with({ ipFamily: opts.family });
     this.fam = nftFamily(opts.family);
-    this.t = `${this.fam} ${TABLE}`;
+    this.nft = opts.nftables ?? new NftablesRunner({ family: this.fam, table: TABLE, runner: opts.runner });
     this.now = opts.now ?? (() => Date.now());
     this.mark = masqueradeMark(opts.masqueradeBit ?? 14);
   }
@@ -163,15 +174,13 @@ export class NftablesDataplane implements Dataplane {
     if (!this.everSynced) return false;
     if (this.needFull) return true;
     await this.deleteStaleChains();
-    const tables = await this.runner.tryRun({
-      cmd: "nft",
-      args: ["list", "tables", this.fam],
-      timeoutMs: 15_000,
+    const exists = await this.nft.tableExists().catch((err) => {
+      this.log.error("Checking for the nftables table failed", err);
+      return false;
     });
-    if (tables.code !== 0 || !new RegExp(`^table ${this.fam} ${TABLE}$`, "m").test(tables.stdout)) {
+    if (!exists) {
       this.log.info("nftables table is gone (flushed externally?); next sync is full", {
-        table: this.t,
-        stderr: tables.stderr.trim(),
+        table: `${this.fam} ${TABLE}`,
       });
       this.needFull = true;
       return true;
@@ -225,21 +234,23 @@ export class NftablesDataplane implements Dataplane {
   private async deleteStaleChains(): Promise<void> {
     if (this.staleChains.size === 0) return;
     const cutoff = this.now() - STALE_CHAIN_DELAY_MS;
-    let tx = "";
+    const tx = this.nft.newTransaction();
     const deleted: string[] = [];
     for (const [chain, since] of this.staleChains) {
       if (since <= cutoff) {
-        tx += `delete chain ${this.t} ${chain}\n`;
+        tx.delete({ kind: "chain", name: chain });
         deleted.push(chain);
       }
     }
     if (deleted.length === 0) return;
     for (const c of deleted) this.staleChains.delete(c);
     this.log.info("Deleting stale nftables chains", { numChains: deleted.length });
-    const r = await this.runner.tryRun({ cmd: "nft", args: ["-f", "-"], stdin: tx, timeoutMs: 120_000 });
-    if (r.code !== 0) {
+    this.lastTransaction = tx.toString();
+    try {
+      await this.nft.run(tx);
+    } catch (err) {
       // If the chains still exist the next full sync finds them and flushes them again.
-      this.log.error("Unable to delete stale chains; will retry later", r.stderr.trim());
+      this.log.error("Unable to delete stale chains; will retry later", err);
       nftablesCleanupFailuresTotal.inc({ ip_family: this.family });
       this.needFull = true;
     }
@@ -247,33 +258,15 @@ export class NftablesDataplane implements Dataplane {
 
   /** Chains and affinity sets of the table now (full syncs only); null when listing fails. */
   private async listObjects(): Promise<{ chains: Set<string>; sets: Set<string> } | null> {
-    const chains = new Set<string>();
-    const sets = new Set<string>();
-    for (const [what, into] of [["chains", chains], ["sets", sets]] as const) {
-      const r = await this.runner.tryRun({
-        cmd: "nft",
-        args: ["-j", "list", what, this.fam],
-        timeoutMs: 120_000,
-      });
-      if (r.code !== 0) {
-        if (/No such file or directory/.test(r.stderr)) continue; // no table yet
-        this.log.error("Failed to list existing nftables objects", r.stderr.trim(), { what });
-        return null;
+    try {
+      return { chains: new Set(await this.nft.list("chain")), sets: new Set(await this.nft.list("set")) };
+    } catch (err) {
+      if (err instanceof NftablesError && err.code === "ENOENT") {
+        return { chains: new Set(), sets: new Set() };
       }
-      try {
-        const doc = JSON.parse(r.stdout) as {
-          nftables?: Record<string, { table?: string; name?: string }>[];
-        };
-        for (const item of doc.nftables ?? []) {
-          const o = item.chain ?? item.set;
-          if (o?.table === TABLE && o.name) into.add(o.name);
-        }
-      } catch (err) {
-        this.log.error("Failed to parse nft's listing", err, { what });
-        return null;
-      }
+      this.log.error("Failed to list existing nftables objects", err);
+      return null;
     }
-    return { chains, sets };
   }
 
   private renderConfig(snapshot: ProxySnapshot): NftRenderConfig {
@@ -315,7 +308,7 @@ export class NftablesDataplane implements Dataplane {
     if (full) {
       await this.readNodePortIPs();
       existing = await this.listObjects();
-      tx.setup = setupLines({
+      tx.setup = setupOps({
         family: this.family,
         mark: this.mark,
         nodePortsMatchAll: this.npa.matchAll,
@@ -323,49 +316,39 @@ export class NftablesDataplane implements Dataplane {
         serviceCIDRs: this.serviceCIDRs,
         recreateBaseChains: !this.baseChainsRecreated,
       });
-      for (const [kind, name] of elementContainers(this.family)) {
-        tx.setup += `flush ${kind} ${this.t} ${name}\n`;
-      }
+      for (const c of elementContainers(this.family)) tx.setup.push(["flush", c]);
     }
     const built = full ? this.buildFull(snapshot, tx, existing) : this.buildPartial(snapshot, tx);
-    const payload = tx.text();
+    const transaction = tx.build(this.nft);
+    const bytes = transaction.byteLength();
     const generateMs = performance.now() - tGen;
 
     const tApply = performance.now();
-    if (!tx.empty) {
-      const r = await this.runner.tryRun({
-        cmd: "nft",
-        args: ["-f", "-"],
-        stdin: payload,
-        captureStdout: false,
-        timeoutMs: 600_000,
-      });
-      if (r.code !== 0) {
-        const n = nftFailedLine(r.stderr);
-        this.log.error("nftables sync failed", r.stderr.trim(), {
-          rules: n !== null ? extractLines(payload, n) : undefined,
-        });
-        nftablesSyncFailuresTotal.inc({ ip_family: this.family });
-        // The flushes of stale chains did not happen: the next full sync finds them again.
-        this.staleChains.clear();
-        this.needFull = true;
-        this.lastTransaction = payload;
-        throw new CommandError({ cmd: "nft", args: ["-f", "-"] }, r.code, r.stderr);
-      }
+    try {
+      await this.nft.run(transaction);
+    } catch (err) {
+      const e = err as NftablesError;
+      this.log.error("nftables sync failed", e.message, { line: e.line, rule: e.inputLine });
+      nftablesSyncFailuresTotal.inc({ ip_family: this.family });
+      // The flushes of stale chains did not happen: the next full sync finds them again.
+      this.staleChains.clear();
+      this.needFull = true;
+      this.lastTransaction = transaction.toString();
+      throw err;
     }
     const applyMs = performance.now() - tApply;
-    this.lastTransaction = payload;
+    this.lastTransaction = transaction.toString();
     built.commit();
     if (full) this.baseChainsRecreated = true;
     this.needFull = false;
     this.everSynced = true;
     this.log.v(2).info("SyncProxyRules complete", {
       full,
-      bytes: payload.length,
+      bytes,
       generateMs: Math.round(generateMs * 10) / 10,
       applyMs: Math.round(applyMs),
     });
-    return { full, payloadBytes: payload.length, generateMs, applyMs };
+    return { full, payloadBytes: bytes, generateMs, applyMs };
   }
 
   /** The cached render of a port, re-rendered when its state renders differently. */
@@ -384,34 +367,37 @@ export class NftablesDataplane implements Dataplane {
   }
 
   /** Empties a chain that is no longer used (created first, so that a chain missing already is no error). */
-  private staleFlushLines(name: string): string {
-    return `add chain ${this.t} ${name}\nflush chain ${this.t} ${name}\n`;
+  private staleFlush(tx: Tx, name: string): void {
+    tx.flushes.push(["add", { kind: "chain", name }], ["flush", { kind: "chain", name }]);
   }
 
   /** Declares (or empties) a chain and queues its rules after every declaration of the transaction. */
   private writeChain(tx: Tx, name: string, rules: readonly string[]): void {
-    tx.chains.push(`add chain ${this.t} ${name}\nflush chain ${this.t} ${name}\n`);
-    let s = "";
-    for (const rule of rules) s += `add rule ${this.t} ${name} ${rule}\n`;
-    tx.rules.push(s);
+    tx.chains.push(["add", { kind: "chain", name }], ["flush", { kind: "chain", name }]);
+    for (const rule of rules) tx.rules.push(["add", ruleObject(name, rule)]);
   }
 
-  private addSetLine(name: string, timeout: number): string {
+  private addSet(tx: Tx, name: string, timeout: number): void {
     const type = this.family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
-    return `add set ${this.t} ${name} { type ${type} ; flags dynamic,timeout ; timeout ${timeout}s ; }\n`;
+    tx.setAdds.push(["add", { kind: "set", name, type, flags: ["dynamic", "timeout"], timeout }]);
   }
 
-  private elementAddLine(ckey: string, value: string): string {
+  private deleteSet(tx: Tx, name: string): void {
+    tx.setDeletes.push(["delete", { kind: "set", name }]);
+  }
+
+  private addElement(tx: Tx, ckey: string, value: string): void {
     const sp = ckey.indexOf(" ");
     const [v, comment] = value.split("\t");
-    return `add element ${this.t} ${ckey.slice(0, sp)} { ${ckey.slice(sp + 1)}${
-      comment ? ` comment "${comment}"` : ""
-    }${v ? ` : ${v}` : ""} }\n`;
+    tx.elemAdds.push([
+      "add",
+      elementObject(ckey.slice(0, sp), ckey.slice(sp + 1), v || null, comment || null),
+    ]);
   }
 
-  private elementDeleteLine(ckey: string): string {
+  private deleteElement(tx: Tx, ckey: string): void {
     const sp = ckey.indexOf(" ");
-    return `delete element ${this.t} ${ckey.slice(0, sp)} { ${ckey.slice(sp + 1)} }\n`;
+    tx.elemDeletes.push(["delete", elementObject(ckey.slice(0, sp), ckey.slice(sp + 1), null, null)]);
   }
 
   /** What a port has once this render is written. */
@@ -443,8 +429,8 @@ export class NftablesDataplane implements Dataplane {
       for (const set of r.affinitySets) {
         activeSets.add(set);
         // An existing set may carry another timeout: re-create it (its referencing chains are rewritten below).
-        if (existing?.sets.has(set)) tx.setDeletes.push(`delete set ${this.t} ${set}\n`);
-        tx.setAdds.push(this.addSetLine(set, r.affinityTimeout));
+        if (existing?.sets.has(set)) this.deleteSet(tx, set);
+        this.addSet(tx, set, r.affinityTimeout);
       }
       for (const [chain, rules] of r.chains) {
         activeChains.add(chain);
@@ -452,7 +438,7 @@ export class NftablesDataplane implements Dataplane {
           keepExisting && existing!.chains.has(chain) && chain.startsWith("endpoint-") &&
           !r.affinitySets.some((s) => existing!.sets.has(s))
         ) continue;
-        if (existing?.chains.has(chain)) tx.flushes.push(`flush chain ${this.t} ${chain}\n`);
+        if (existing?.chains.has(chain)) tx.flushes.push(["flush", { kind: "chain", name: chain }]);
         this.writeChain(tx, chain, rules);
       }
       for (const [ckey, value] of w.elements) addOwner(owners, ckey, name, value);
@@ -461,7 +447,7 @@ export class NftablesDataplane implements Dataplane {
     for (const [ckey, byPort] of owners) {
       const value = byPort.values().next().value!;
       kernel.set(ckey, value);
-      tx.elemAdds.push(this.elementAddLine(ckey, value));
+      this.addElement(tx, ckey, value);
     }
     // Leftovers: generated chains and affinity sets nobody owns now (an earlier run, or failed syncs).
     const stale: string[] = [];
@@ -470,11 +456,11 @@ export class NftablesDataplane implements Dataplane {
     for (const c of new Set([...(existing?.chains ?? []), ...known])) {
       if (isServiceChainName(c) && !activeChains.has(c)) {
         stale.push(c);
-        tx.flushes.push(this.staleFlushLines(c));
+        this.staleFlush(tx, c);
       }
     }
     for (const s of existing?.sets ?? []) {
-      if (isAffinitySetName(s) && !activeSets.has(s)) tx.setDeletes.push(`delete set ${this.t} ${s}\n`);
+      if (isAffinitySetName(s) && !activeSets.has(s)) this.deleteSet(tx, s);
     }
     return {
       commit: () => {
@@ -508,22 +494,22 @@ export class NftablesDataplane implements Dataplane {
         const before = old?.chains.get(chain);
         if (before === rules && !recreateSets) continue;
         // Emptied first: its old rules may reference an affinity set deleted before it is rewritten.
-        if (before !== undefined) tx.flushes.push(`flush chain ${this.t} ${chain}\n`);
+        if (before !== undefined) tx.flushes.push(["flush", { kind: "chain", name: chain }]);
         this.writeChain(tx, chain, r!.chains.get(chain)!);
         if (this.staleChains.has(chain)) revived.push(chain);
       }
       for (const chain of old?.chains.keys() ?? []) {
         if (neu?.chains.has(chain)) continue;
-        tx.flushes.push(this.staleFlushLines(chain));
+        this.staleFlush(tx, chain);
         stale.push(chain);
       }
       // Affinity sets.
       for (const set of old?.affinitySets ?? []) {
-        if (recreateSets || !neu?.affinitySets.has(set)) tx.setDeletes.push(`delete set ${this.t} ${set}\n`);
+        if (recreateSets || !neu?.affinitySets.has(set)) this.deleteSet(tx, set);
       }
       for (const set of neu?.affinitySets ?? []) {
         if (recreateSets || !old?.affinitySets.has(set)) {
-          tx.setAdds.push(this.addSetLine(set, neu!.affinityTimeout));
+          this.addSet(tx, set, neu!.affinityTimeout);
         }
       }
       // Elements: ownership changes, applied below once every port is known.
@@ -570,8 +556,8 @@ export class NftablesDataplane implements Dataplane {
       const want = m.size > 0 ? m.values().next().value! : null;
       const have = this.kernelElements.get(ckey) ?? null;
       if (want === have) continue;
-      if (have !== null) tx.elemDeletes.push(this.elementDeleteLine(ckey));
-      if (want !== null) tx.elemAdds.push(this.elementAddLine(ckey, want));
+      if (have !== null) this.deleteElement(tx, ckey);
+      if (want !== null) this.addElement(tx, ckey, want);
       kernelChanges.set(ckey, want);
     }
 

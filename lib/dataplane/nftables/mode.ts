@@ -17,6 +17,7 @@ import {
   type ProxyModeName,
 } from "../mode.ts";
 import { TABLE } from "./names.ts";
+import { checkNftVersion, kernelVersionProblem, SKIP_KERNEL_CHECK_ENV } from "./versions.ts";
 
 /** The table name upstream's nftables mode uses in both families. */
 export const KUBE_PROXY_TABLE = TABLE;
@@ -27,23 +28,6 @@ async function tryRun(runner: CommandRunner, cmd: string, args: string[]) {
   } catch {
     return { code: 127, stdout: "", stderr: `${cmd}: not found` };
   }
-}
-
-/** Upstream's minimum nft version (older ones parse the whole ruleset and can crash on others' rules). */
-export const MIN_NFT_VERSION = [1, 0, 1] as const;
-/** Upstream's minimum kernel (`utilkernel.NFTablesKubeProxyKernelVersion`). */
-export const MIN_KERNEL_VERSION = [5, 13, 0] as const;
-
-/** Parses `1.0.6` out of `nftables v1.0.6 (Lester Gooch #5)` or a kernel release `6.1.0-28-amd64`. */
-export function parseVersion(text: string): number[] | null {
-  const m = text.match(/(\d+)\.(\d+)(?:\.(\d+))?/);
-  return m ? [Number(m[1]), Number(m[2]), Number(m[3] ?? 0)] : null;
-}
-
-/** a < b, component-wise. */
-export function versionLess(a: readonly number[], b: readonly number[]): boolean {
-  for (let i = 0; i < 3; i++) if ((a[i] ?? 0) !== (b[i] ?? 0)) return (a[i] ?? 0) < (b[i] ?? 0);
-  return false;
 }
 
 /** Host facts the start-up checks read (tests replace them). */
@@ -63,38 +47,21 @@ export function newNftablesMode(host: NftablesHost = {}): DataplaneMode {
 
     async checkHost(ctx: ModeContext): Promise<void> {
       ctx.logger.info("Using nftables Proxier");
-      const v = await tryRun(ctx.runner, "nft", ["--version"]);
-      if (v.code !== 0) {
+      try {
+        await checkNftVersion(ctx.runner);
+      } catch (err) {
         throw new ModeUnavailableError(
           "nftables",
-          `nftables mode needs the nft program (>= ${MIN_NFT_VERSION.join(".")}): ${
-            v.stderr.trim() || "not found"
-          }`,
+          `nftables mode needs nft >= 1.0.1: ${(err as Error).message}`,
         );
       }
-      const version = parseVersion(v.stdout);
-      if (version === null || versionLess(version, MIN_NFT_VERSION)) {
+      const release = kernelRelease();
+      const problem = kernelVersionProblem(release, env(SKIP_KERNEL_CHECK_ENV));
+      if (problem !== undefined) {
         throw new ModeUnavailableError(
           "nftables",
-          `nft version must be v${MIN_NFT_VERSION.join(".")} or later; got ${v.stdout.trim()}`,
+          `${problem} (this is ${release}; set ${SKIP_KERNEL_CHECK_ENV} to try anyway)`,
         );
-      }
-      if ((env("KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK") ?? "") === "") {
-        const release = kernelRelease();
-        const kernel = parseVersion(release);
-        if (kernel === null) {
-          throw new ModeUnavailableError(
-            "nftables",
-            `could not check kernel version: unparseable "${release}"`,
-          );
-        }
-        if (versionLess(kernel, MIN_KERNEL_VERSION)) {
-          throw new ModeUnavailableError(
-            "nftables",
-            `kube-proxy in nftables mode requires kernel ${MIN_KERNEL_VERSION.join(".")} or later` +
-              ` (this is ${release}; set KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK to try anyway)`,
-          );
-        }
       }
     },
 

@@ -234,9 +234,22 @@ export class NftablesRunner implements Nftables {
     return out;
   }
 
-  /** Names of the table's objects of one type. */
+  /**
+   * Names of the table's objects of one type, from `nft --json list chains|sets|maps|counters <family>`
+   * (declarations only: no rules, no elements, so cheap even for a large table).
+   */
   async list(type: ListableType): Promise<string[]> {
-    return (await this.listAll())[type];
+    const objs = await this.#list(["--json", "list", `${type}s`, this.family]);
+    const out: string[] = [];
+    for (const o of objs) {
+      const v = o[type] as JsonObj | undefined;
+      if (v && v.table === this.table && typeof v.name === "string") out.push(v.name);
+    }
+    // Nothing of this type: tell an empty table from a missing one, as the interface promises.
+    if (out.length === 0 && !(await this.tableExists())) {
+      throw new NftablesError(`table ${this.family} ${this.table} does not exist`, { code: "ENOENT" });
+    }
+    return out;
   }
 
   /** Elements of a set or map (`nft --json list set|map …`). */

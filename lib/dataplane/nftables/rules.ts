@@ -1,14 +1,15 @@
 /**
  * nftables rendering, rule for rule as upstream v1.35's nftables proxier (`setupNFTables` and the per-service
- * loop of `syncProxyRules`): the fixed table layout, and for each service port its own chains, affinity sets
- * and the elements it puts into the shared maps and sets. Everything here is plain text in `nft -f -` syntax;
+ * loop of `syncProxyRules`): the fixed table layout as nftables objects, and for each service port its own
+ * chains (rule text in nft syntax), affinity sets and the elements it puts into the shared maps and sets;
  * `dataplane.ts` decides what of it goes into a transaction.
  * @module
  */
 import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
 import { cidrContains } from "../../net/ip.ts";
 import type { LocalTraffic } from "../local_traffic.ts";
-import { CHAIN, endpointNames, servicePortChainNames, SET, TABLE, TABLE_COMMENT } from "./names.ts";
+import { CHAIN, endpointNames, servicePortChainNames, SET, TABLE_COMMENT } from "./names.ts";
+import type { ChainHook, ChainType, Element, NftMap, NftObject, NftSet, Rule } from "./objects.ts";
 
 /** Settings that shape every service port's rules; a change of any invalidates every rendered port. */
 export interface NftRenderConfig {
@@ -263,102 +264,162 @@ const JUMPS: readonly [string, string, string][] = [
   [CHAIN.clusterIPsCheck, CHAIN.filterOutput, "ct state new"],
 ];
 
-/** The shared maps and sets and their declarations (type, comment). */
-function containers(family: IPFamily): [kind: "set" | "map", name: string, spec: string][] {
+/** One operation of a transaction: a verb and the object it applies to. */
+export type NftOp = ["add" | "flush" | "delete", NftObject];
+
+/** The shared maps and sets. */
+function containers(family: IPFamily): (NftSet | NftMap)[] {
   const addr = family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
   const vmap = `${addr} . inet_proto . inet_service : verdict`;
   return [
-    ["set", SET.clusterIPs, `type ${addr} ; comment "Active ClusterIPs" ;`],
-    [
-      "map",
-      SET.noEndpointServices,
-      `type ${vmap} ; comment "vmap to drop or reject packets to services with no endpoints" ;`,
-    ],
-    [
-      "map",
-      SET.noEndpointNodePorts,
-      `type inet_proto . inet_service : verdict ; comment "vmap to drop or reject packets to service nodeports with no endpoints" ;`,
-    ],
-    [
-      "map",
-      SET.firewallIPs,
-      `type ${vmap} ; comment "destinations that are subject to LoadBalancerSourceRanges" ;`,
-    ],
-    ["map", SET.serviceIPs, `type ${vmap} ; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic" ;`],
-    ["map", SET.serviceNodePorts, `type inet_proto . inet_service : verdict ; comment "NodePort traffic" ;`],
+    { kind: "set", name: SET.clusterIPs, type: addr, comment: "Active ClusterIPs" },
+    {
+      kind: "map",
+      name: SET.noEndpointServices,
+      type: vmap,
+      comment: "vmap to drop or reject packets to services with no endpoints",
+    },
+    {
+      kind: "map",
+      name: SET.noEndpointNodePorts,
+      type: "inet_proto . inet_service : verdict",
+      comment: "vmap to drop or reject packets to service nodeports with no endpoints",
+    },
+    {
+      kind: "map",
+      name: SET.firewallIPs,
+      type: vmap,
+      comment: "destinations that are subject to LoadBalancerSourceRanges",
+    },
+    {
+      kind: "map",
+      name: SET.serviceIPs,
+      type: vmap,
+      comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic",
+    },
+    {
+      kind: "map",
+      name: SET.serviceNodePorts,
+      type: "inet_proto . inet_service : verdict",
+      comment: "NodePort traffic",
+    },
   ];
 }
 
 /** The maps and sets holding per-service elements (flushed and refilled by a full sync). */
-export function elementContainers(family: IPFamily): [kind: "set" | "map", name: string][] {
-  return containers(family).map(([k, n]) => [k, n]);
+export function elementContainers(family: IPFamily): (NftSet | NftMap)[] {
+  return containers(family).map((c) => ({ kind: c.kind, name: c.name }) as NftSet | NftMap);
+}
+
+/** The sets among the shared containers (the rest are verdict maps). */
+const SETS: ReadonlySet<string> = new Set([SET.clusterIPs, SET.nodePortIPs]);
+
+/** A port's element as an nftables object. */
+export function elementObject(
+  container: string,
+  key: string,
+  value: string | null,
+  comment: string | null,
+): Element {
+  return {
+    kind: "element",
+    ...(SETS.has(container) ? { set: container } : { map: container }),
+    key: key.split(" . "),
+    ...(value !== null ? { value: [value] } : {}),
+    ...(comment !== null ? { comment } : {}),
+  };
+}
+
+/** A rendered rule (`... comment "text"` at its end, as nft prints it) as an nftables object. */
+export function ruleObject(chain: string, text: string): Rule {
+  const m = text.match(/^(.*) comment "([^"]*)"$/);
+  return m ? { kind: "rule", chain, rule: m[1], comment: m[2] } : { kind: "rule", chain, rule: text };
 }
 
 /**
  * The fixed part of the table as upstream's `setupNFTables` writes it on every full sync: table, base chains,
  * jump rules, masquerading, the shared maps and sets (declared, not flushed: the caller decides), the
- * cluster-ips check, nodeport-ips, reject and firewall dispatch. Returns `nft -f -` lines.
+ * cluster-ips check, nodeport-ips, reject and firewall dispatch.
  */
-export function setupLines(cfg: NftSetupConfig): string {
+export function setupOps(cfg: NftSetupConfig): NftOp[] {
   const mark = cfg.mark;
-  const fam = nftFamily(cfg.family);
-  const ipX = fam;
+  const ipX = nftFamily(cfg.family);
   const addr = cfg.family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
   const noLocalhost = cfg.family === "IPv6" ? "ip6 daddr != ::1" : "ip daddr != 127.0.0.0/8";
-  const t = `${fam} ${TABLE}`;
-  let s = `add table ${t} { comment "${TABLE_COMMENT}" ; }\n`;
+  const ops: NftOp[] = [["add", { kind: "table", comment: TABLE_COMMENT }]];
+  const rule = (chain: string, text: string) => ops.push(["add", ruleObject(chain, text)]);
   if (cfg.recreateBaseChains) {
-    for (const [name] of BASE_CHAINS) s += `add chain ${t} ${name}\ndelete chain ${t} ${name}\n`;
+    for (const [name] of BASE_CHAINS) {
+      ops.push(["add", { kind: "chain", name }], ["delete", { kind: "chain", name }]);
+    }
   }
-  for (const [name, type, hook, prio] of BASE_CHAINS) {
-    s +=
-      `add chain ${t} ${name} { type ${type} hook ${hook} priority ${prio} ; }\nflush chain ${t} ${name}\n`;
+  for (const [name, type, hook, priority] of BASE_CHAINS) {
+    ops.push(
+      ["add", { kind: "chain", name, type: type as ChainType, hook: hook as ChainHook, priority }],
+      ["flush", { kind: "chain", name }],
+    );
   }
   const created = new Set<string>();
   const ensure = (name: string, comment?: string) => {
     if (created.has(name)) return;
     created.add(name);
-    s += `add chain ${t} ${name}${comment ? ` { comment "${comment}" ; }` : ""}\nflush chain ${t} ${name}\n`;
+    ops.push(["add", { kind: "chain", name, ...(comment ? { comment } : {}) }], ["flush", {
+      kind: "chain",
+      name,
+    }]);
   };
   for (const [dst, src, extra] of JUMPS) {
     ensure(dst);
-    s += `add rule ${t} ${src} ${extra ? extra + " " : ""}jump ${dst}\n`;
+    rule(src, `${extra ? extra + " " : ""}jump ${dst}`);
   }
   for (const name of [CHAIN.services, CHAIN.clusterIPsCheck, CHAIN.masquerading, CHAIN.markMasq]) {
     ensure(name);
   }
-  s += `add rule ${t} ${CHAIN.markMasq} mark set mark or ${mark}\n`;
-  s += `add rule ${t} ${CHAIN.masquerading} mark and ${mark} == 0 return\n`;
-  s += `add rule ${t} ${CHAIN.masquerading} mark set mark xor ${mark}\n`;
-  s += `add rule ${t} ${CHAIN.masquerading} masquerade fully-random\n`;
-  for (const [kind, name, spec] of containers(cfg.family)) s += `add ${kind} ${t} ${name} { ${spec} }\n`;
-  s +=
-    `add rule ${t} ${CHAIN.clusterIPsCheck} ${ipX} daddr @${SET.clusterIPs} reject comment "Reject traffic to invalid ports of ClusterIPs"\n`;
+  rule(CHAIN.markMasq, `mark set mark or ${mark}`);
+  rule(CHAIN.masquerading, `mark and ${mark} == 0 return`);
+  rule(CHAIN.masquerading, `mark set mark xor ${mark}`);
+  rule(CHAIN.masquerading, "masquerade fully-random");
+  for (const c of containers(cfg.family)) ops.push(["add", c]);
+  rule(
+    CHAIN.clusterIPsCheck,
+    `${ipX} daddr @${SET.clusterIPs} reject comment "Reject traffic to invalid ports of ClusterIPs"`,
+  );
   if (cfg.serviceCIDRs.length > 0) {
-    s += `add rule ${t} ${CHAIN.clusterIPsCheck} ${ipX} daddr { ${
-      cfg.serviceCIDRs.join(",")
-    } } drop comment "Drop traffic to unallocated ClusterIPs"\n`;
+    rule(
+      CHAIN.clusterIPsCheck,
+      `${ipX} daddr { ${cfg.serviceCIDRs.join(",")} } drop comment "Drop traffic to unallocated ClusterIPs"`,
+    );
   }
-  s += `add set ${t} ${SET.nodePortIPs} { type ${addr} ; comment "IPs that accept NodePort traffic" ; }\n`;
+  const nodePortIPs: NftSet = {
+    kind: "set",
+    name: SET.nodePortIPs,
+    type: addr,
+    comment: "IPs that accept NodePort traffic",
+  };
+  ops.push(["add", nodePortIPs]);
   if (cfg.nodePortsMatchAll) {
-    s += `delete set ${t} ${SET.nodePortIPs}\n`;
+    ops.push(["delete", { kind: "set", name: SET.nodePortIPs }]);
   } else {
-    s += `flush set ${t} ${SET.nodePortIPs}\n`;
-    for (const ip of cfg.nodePortIPs) s += `add element ${t} ${SET.nodePortIPs} { ${ip} }\n`;
+    ops.push(["flush", { kind: "set", name: SET.nodePortIPs }]);
+    for (const ip of cfg.nodePortIPs) ops.push(["add", elementObject(SET.nodePortIPs, ip, null, null)]);
   }
   ensure(CHAIN.reject, "helper for @no-endpoint-services / @no-endpoint-nodeports");
-  s += `add rule ${t} ${CHAIN.reject} reject\n`;
-  s +=
-    `add rule ${t} ${CHAIN.serviceEndpointsCheck} ${ipX} daddr . meta l4proto . th dport vmap @${SET.noEndpointServices}\n`;
-  s += cfg.nodePortsMatchAll
-    ? `add rule ${t} ${CHAIN.nodePortEndpointsCheck} ${noLocalhost} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}\n`
-    : `add rule ${t} ${CHAIN.nodePortEndpointsCheck} ${ipX} daddr @${SET.nodePortIPs} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}\n`;
+  rule(CHAIN.reject, "reject");
+  rule(CHAIN.serviceEndpointsCheck, `${ipX} daddr . meta l4proto . th dport vmap @${SET.noEndpointServices}`);
+  rule(
+    CHAIN.nodePortEndpointsCheck,
+    cfg.nodePortsMatchAll
+      ? `${noLocalhost} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}`
+      : `${ipX} daddr @${SET.nodePortIPs} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}`,
+  );
   ensure(CHAIN.firewallCheck);
-  s +=
-    `add rule ${t} ${CHAIN.firewallCheck} ${ipX} daddr . meta l4proto . th dport vmap @${SET.firewallIPs}\n`;
-  s += `add rule ${t} ${CHAIN.services} ${ipX} daddr . meta l4proto . th dport vmap @${SET.serviceIPs}\n`;
-  s += cfg.nodePortsMatchAll
-    ? `add rule ${t} ${CHAIN.services} fib daddr type local ${noLocalhost} meta l4proto . th dport vmap @${SET.serviceNodePorts}\n`
-    : `add rule ${t} ${CHAIN.services} ${ipX} daddr @${SET.nodePortIPs} meta l4proto . th dport vmap @${SET.serviceNodePorts}\n`;
-  return s;
+  rule(CHAIN.firewallCheck, `${ipX} daddr . meta l4proto . th dport vmap @${SET.firewallIPs}`);
+  rule(CHAIN.services, `${ipX} daddr . meta l4proto . th dport vmap @${SET.serviceIPs}`);
+  rule(
+    CHAIN.services,
+    cfg.nodePortsMatchAll
+      ? `fib daddr type local ${noLocalhost} meta l4proto . th dport vmap @${SET.serviceNodePorts}`
+      : `${ipX} daddr @${SET.nodePortIPs} meta l4proto . th dport vmap @${SET.serviceNodePorts}`,
+  );
+  return ops;
 }

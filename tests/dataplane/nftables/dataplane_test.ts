@@ -1,35 +1,70 @@
 /**
- * NftablesDataplane sync behaviour with a recording runner: what a partial sync's transaction holds (only the
- * changed objects, no listing), stale chains flushed then deleted later, shared elements, failures.
+ * NftablesDataplane sync behaviour against the in-memory FakeNftables (exact, no root): what a partial sync's
+ * transaction holds (only the changed objects, no listing), stale chains flushed then deleted later, shared
+ * elements, failures; and that what the fake then holds is what a full sync from scratch would write.
  */
 import assert from "node:assert/strict";
 import { NftablesDataplane } from "../../../lib/dataplane/nftables/dataplane.ts";
-import { type RecordedCall, RecordingCommandRunner } from "../../../lib/exec.ts";
+import { FakeNftables, NftablesError, type Transaction } from "../../../lib/dataplane/nftables/mod.ts";
+import { RecordingCommandRunner } from "../../../lib/exec.ts";
 import { configureLogging } from "../../../lib/log.ts";
 import type { ServicePortState } from "../../../lib/proxy/types.ts";
 import { type EpSpec, makeState, snapshot, type SvcSpec } from "../../../testkit/fixtures.ts";
+import { normalizeNftTable } from "../../../testkit/rule_parity.ts";
 
 configureLogging({ sink: () => {} });
 
-function setup(fail?: (c: RecordedCall) => boolean) {
+/** The fake kernel, counting the listings the dataplane makes and failing transactions on demand. */
+class Kernel extends FakeNftables {
+  lists: string[] = [];
+  transactions: string[] = [];
+  failIf: ((tx: string) => boolean) | null = null;
+
+  constructor() {
+    super("ip", "kube-proxy");
+  }
+
+  override list(type: Parameters<FakeNftables["list"]>[0]): Promise<string[]> {
+    this.lists.push(type);
+    return super.list(type);
+  }
+
+  override run(tx: Transaction): Promise<void> {
+    const text = tx.toString();
+    this.transactions.push(text);
+    if (this.failIf?.(text)) return Promise.reject(new NftablesError("injected failure", { code: "ENOENT" }));
+    return super.run(tx);
+  }
+
+  /** The lines of the last transaction. */
+  get last(): string[] {
+    return this.transactions[this.transactions.length - 1].split("\n").filter((l) => l !== "");
+  }
+}
+
+function setup() {
   let clock = 1_000_000;
-  const r = new RecordingCommandRunner((c) => {
-    if (fail?.(c)) {
-      return { code: 1, stderr: "/dev/stdin:3:1-10: Error: Could not process rule: No such file" };
-    }
-    if (c.cmd === "nft" && c.args[0] === "-j") return { stdout: '{"nftables":[]}' };
-    if (c.cmd === "nft" && c.args[0] === "list") return { stdout: "table ip kube-proxy\n" };
-    return undefined;
-  });
+  const kernel = new Kernel();
   const dp = new NftablesDataplane({
     family: "IPv4",
-    runner: r,
+    runner: new RecordingCommandRunner(),
+    nftables: kernel,
     localTraffic: { kind: "cidr", cidr: "10.0.0.0/8" },
     nodePortAddresses: ["primary"],
     nodeAddresses: ["192.168.0.2"],
     now: () => clock,
   });
-  return { r, dp, advance: (ms: number) => (clock += ms) };
+  return { kernel, dp, advance: (ms: number) => (clock += ms) };
+}
+
+/**
+ * What the fake holds after a full sync of `states` from scratch, normalized as the parity test does (objects
+ * by name, elements sorted, emptied per-service chains waiting for deletion left out).
+ */
+async function freshDump(states: ServicePortState[]): Promise<string[]> {
+  const { kernel, dp } = setup();
+  await dp.sync(snapshot(states));
+  return normalizeNftTable(kernel.dump());
 }
 
 const web = (eps: EpSpec[], over: Partial<SvcSpec> = {}) =>
@@ -37,44 +72,35 @@ const web = (eps: EpSpec[], over: Partial<SvcSpec> = {}) =>
 const db = (eps: EpSpec[]) =>
   makeState({ ns: "ns1", name: "db", clusterIP: "172.30.0.20", nodePort: 30020 }, eps);
 
-/** The lines of the last `nft -f -` transaction. */
-function lastTx(r: RecordingCommandRunner): string[] {
-  const txs = r.calls.filter((c) => c.cmd === "nft" && c.args[0] === "-f");
-  return txs[txs.length - 1].stdin.split("\n").filter((l) => l !== "");
-}
-
 function sync(dp: NftablesDataplane, states: ServicePortState[], changed?: string[]) {
   return dp.sync(snapshot(states, { changed: changed ?? null }));
 }
 
-Deno.test("first sync is full: the fixed layout, every port, one listing of chains and sets", async () => {
-  const { r, dp } = setup();
+Deno.test("first sync is full: the fixed layout, every port, one listing of what exists", async () => {
+  const { kernel, dp } = setup();
   const res = await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.2" }])]);
   assert.equal(res.full, true);
-  assert.deepEqual(r.calls.map((c) => [c.cmd, ...c.args].join(" ")), [
-    "nft -j list chains ip",
-    "nft -j list sets ip",
-    "nft -f -",
-  ]);
-  const tx = lastTx(r);
+  assert.deepEqual(kernel.lists, ["chain"], "one listing (no table yet, so no sets to list)");
+  assert.equal(kernel.transactions.length, 1);
+  const tx = kernel.last;
   assert.ok(tx.includes('add table ip kube-proxy { comment "rules for kube-proxy" ; }'));
   assert.ok(tx.includes("flush map ip kube-proxy service-ips"), "maps are refilled, not listed");
-  assert.ok(tx.includes(
-    "add element ip kube-proxy service-nodeports { tcp . 30020 : goto external-" +
-      tx.find((l) => l.startsWith("add chain ip kube-proxy external-"))!.split("external-")[1] + " }",
-  ));
+  const external = tx.find((l) => l.startsWith("add chain ip kube-proxy external-"))!.split(" ")[4];
+  assert.ok(tx.includes(`add element ip kube-proxy service-nodeports { tcp . 30020 : goto ${external} }`));
+  assert.match(
+    kernel.dump(),
+    /chain services \{\n\t\tip daddr \. meta l4proto \. th dport vmap @service-ips\n/,
+  );
 });
 
 Deno.test("a changed endpoint rewrites only that Service's chains: no listing, no element change", async () => {
-  const { r, dp } = setup();
+  const { kernel, dp } = setup();
   await sync(dp, [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]), db([{ ip: "10.1.0.9" }])]);
-  const before = r.calls.length;
-  const res = await sync(dp, [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.3" }]), db([{ ip: "10.1.0.9" }])], [
-    "ns1/web",
-  ]);
+  const after = [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.3" }]), db([{ ip: "10.1.0.9" }])];
+  const res = await sync(dp, after, ["ns1/web"]);
   assert.equal(res.full, false);
-  assert.deepEqual(r.calls.slice(before).map((c) => [c.cmd, ...c.args].join(" ")), ["nft -f -"]);
-  const tx = lastTx(r);
+  assert.deepEqual(kernel.lists, ["chain"], "no listing on a partial sync");
+  const tx = kernel.last;
   assert.ok(!tx.some((l) => l.includes("ns1/db")), "the unchanged Service is not touched");
   assert.ok(!tx.some((l) => l.includes("element")), "the service-ips element still points at the same chain");
   assert.ok(
@@ -91,14 +117,18 @@ Deno.test("a changed endpoint rewrites only that Service's chains: no listing, n
   assert.ok(tx.some((l) => /^add chain ip kube-proxy endpoint-\S+__10\.1\.0\.3\/80$/.test(l)));
   assert.ok(tx.some((l) => /^flush chain ip kube-proxy endpoint-\S+__10\.1\.0\.2\/80$/.test(l)));
   assert.ok(!tx.some((l) => l.startsWith("delete chain")), "stale chains are deleted later, not now");
+  // Apart from the emptied chain waiting for deletion, the fake holds what a fresh full sync writes.
+  const emptied = /\tchain endpoint-\S+__10\.1\.0\.2\/80 \{\n\t\}\n/;
+  assert.match(kernel.dump(), emptied);
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump(after));
 });
 
 Deno.test("stale chains are deleted in a transaction of their own, a second later", async () => {
-  const { r, dp, advance } = setup();
+  const { kernel, dp, advance } = setup();
   await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.9" }])]);
   await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/db"]);
-  const afterRemoval = r.calls.length;
-  let tx = lastTx(r);
+  const afterRemoval = kernel.transactions.length;
+  let tx = kernel.last;
   assert.ok(tx.includes("delete element ip kube-proxy service-nodeports { tcp . 30020 }"));
   assert.ok(tx.includes("delete element ip kube-proxy cluster-ips { 172.30.0.20 }"));
   const flushed = tx.filter((l) => l.startsWith("flush chain")).map((l) => l.split(" ")[4]);
@@ -106,36 +136,38 @@ Deno.test("stale chains are deleted in a transaction of their own, a second late
   // Within a second nothing is deleted.
   advance(500);
   assert.equal(await dp.needsFullSync(), false);
-  assert.ok(!r.calls.slice(afterRemoval).some((c) => c.stdin.includes("delete chain")));
+  assert.equal(kernel.transactions.length, afterRemoval);
   advance(600);
   assert.equal(await dp.needsFullSync(), false);
-  tx = lastTx(r);
+  tx = kernel.last;
   assert.deepEqual(tx.map((l) => l.split(" ").slice(0, 2).join(" ")), Array(3).fill("delete chain"));
   assert.deepEqual(tx.map((l) => l.split(" ")[4]).sort(), [...flushed].sort());
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }])]));
 });
 
 Deno.test("a ClusterIP shared by two ports stays while one port remains", async () => {
-  const { r, dp } = setup();
+  const { kernel, dp } = setup();
   const p80 = web([{ ip: "10.1.0.1" }]);
   const p443 = web([{ ip: "10.1.0.1", port: 443 }], { port: "p443", portNum: 443 });
   await sync(dp, [p80, p443]);
   assert.equal(
-    lastTx(r).filter((l) => l === "add element ip kube-proxy cluster-ips { 172.30.0.10 }").length,
+    kernel.last.filter((l) => l === "add element ip kube-proxy cluster-ips { 172.30.0.10 }").length,
     1,
   );
   await sync(dp, [p443], ["ns1/web"]);
-  const tx = lastTx(r);
+  const tx = kernel.last;
   assert.ok(!tx.some((l) => l.includes("cluster-ips")), tx.join("\n"));
   assert.ok(tx.includes("delete element ip kube-proxy service-ips { 172.30.0.10 . tcp . 80 }"));
+  assert.match(kernel.dump(), /set cluster-ips \{[^}]*elements = \{ 172\.30\.0\.10 \}/);
   await sync(dp, [], ["ns1/web"]);
-  assert.ok(lastTx(r).includes("delete element ip kube-proxy cluster-ips { 172.30.0.10 }"));
+  assert.ok(kernel.last.includes("delete element ip kube-proxy cluster-ips { 172.30.0.10 }"));
 });
 
 Deno.test("losing every endpoint moves the ClusterIP from service-ips to no-endpoint-services (reject)", async () => {
-  const { r, dp } = setup();
+  const { kernel, dp } = setup();
   await sync(dp, [web([{ ip: "10.1.0.1" }])]);
   await sync(dp, [web([])], ["ns1/web"]);
-  const tx = lastTx(r);
+  const tx = kernel.last;
   assert.ok(tx.includes("delete element ip kube-proxy service-ips { 172.30.0.10 . tcp . 80 }"));
   assert.ok(tx.includes(
     'add element ip kube-proxy no-endpoint-services { 172.30.0.10 . tcp . 80 comment "ns1/web:p80" : goto reject-chain }',
@@ -143,41 +175,53 @@ Deno.test("losing every endpoint moves the ClusterIP from service-ips to no-endp
 });
 
 Deno.test("enabling session affinity adds the sets before the rules that use them; a timeout change re-creates them", async () => {
-  const { r, dp } = setup();
+  const { kernel, dp } = setup();
   await sync(dp, [web([{ ip: "10.1.0.1" }])]);
   await sync(dp, [web([{ ip: "10.1.0.1" }], { affinity: 60 })], ["ns1/web"]);
-  let tx = lastTx(r);
+  let tx = kernel.last;
   const addSet = tx.findIndex((l) => l.startsWith("add set ip kube-proxy affinity-"));
   const useSet = tx.findIndex((l) => l.includes("saddr @affinity-"));
   assert.ok(addSet >= 0 && useSet > addSet, tx.join("\n"));
   assert.match(tx[addSet], /\{ type ipv4_addr ; flags dynamic,timeout ; timeout 60s ; \}$/);
   await sync(dp, [web([{ ip: "10.1.0.1" }], { affinity: 120 })], ["ns1/web"]);
-  tx = lastTx(r);
+  tx = kernel.last;
   const flush = tx.findIndex((l) => l.startsWith("flush chain ip kube-proxy endpoint-"));
   const del = tx.findIndex((l) => l.startsWith("delete set ip kube-proxy affinity-"));
   const add = tx.findIndex((l) => l.startsWith("add set ip kube-proxy affinity-"));
   assert.ok(flush >= 0 && del > flush && add > del, tx.join("\n"));
   assert.match(tx[add], /timeout 120s/);
+  assert.deepEqual(
+    normalizeNftTable(kernel.dump()),
+    await freshDump([web([{ ip: "10.1.0.1" }], { affinity: 120 })]),
+  );
 });
 
 Deno.test("a failed transaction rejects, counts, and the next sync is full again", async () => {
-  let failing = true;
-  const { r, dp } = setup((c) =>
-    failing && c.cmd === "nft" && c.args[0] === "-f" && c.stdin.includes("ns1/db")
-  );
+  const { kernel, dp } = setup();
+  kernel.failIf = (tx) => tx.includes("ns1/db");
   await assert.rejects(() => sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.2" }])]));
-  failing = false;
+  kernel.failIf = null;
   assert.equal(await dp.needsFullSync(), false, "nothing synced yet");
   const res = await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.2" }])], ["ns1/web"]);
   assert.equal(res.full, true);
-  assert.ok(lastTx(r)[0].startsWith("add table ip kube-proxy"));
+  assert.ok(kernel.last[0].startsWith("add table ip kube-proxy"));
+});
+
+Deno.test("a table deleted behind the agent's back makes the next sync full", async () => {
+  const { kernel, dp } = setup();
+  await sync(dp, [web([{ ip: "10.1.0.1" }])]);
+  assert.equal(await dp.needsFullSync(), false);
+  await kernel.deleteTable();
+  assert.equal(await dp.needsFullSync(), true);
+  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }])]));
 });
 
 Deno.test("ServiceCIDRs are written on a full sync when they change", async () => {
-  const { r, dp } = setup();
+  const { kernel, dp } = setup();
   await dp.sync(snapshot([web([{ ip: "10.1.0.1" }])], { serviceCIDRs: ["172.30.0.0/16"] }));
   assert.ok(
-    lastTx(r).some((l) =>
+    kernel.last.some((l) =>
       l.includes('ip daddr { 172.30.0.0/16 } drop comment "Drop traffic to unallocated ClusterIPs"')
     ),
   );
@@ -185,5 +229,5 @@ Deno.test("ServiceCIDRs are written on a full sync when they change", async () =
     snapshot([web([{ ip: "10.1.0.1" }])], { serviceCIDRs: ["172.30.0.0/16", "172.31.0.0/16"], changed: [] }),
   );
   assert.equal(res.full, true);
-  assert.ok(lastTx(r).some((l) => l.includes("ip daddr { 172.30.0.0/16,172.31.0.0/16 } drop")));
+  assert.ok(kernel.last.some((l) => l.includes("ip daddr { 172.30.0.0/16,172.31.0.0/16 } drop")));
 });

@@ -151,6 +151,9 @@ Deno.test("NftablesRunner lists names and elements from nft's JSON", async () =>
     "--json list map ip kube-proxy m": MAP_CONCAT_COMMENT,
     "--json list set ip kube-proxy iv": SET_INTERVAL,
     "list tables ip": "table ip filter\ntable ip kube-proxy\n",
+    // `list maps <family>` lists every table's maps: only kube-proxy's count.
+    "--json list maps ip":
+      '{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"map": {"family": "ip", "name": "other", "table": "filter", "type": "ipv4_addr", "map": "verdict"}}, {"map": {"family": "ip", "name": "mm", "table": "kube-proxy", "type": "ipv4_addr", "map": "ipv4_addr"}}, {"map": {"family": "ip", "name": "vm", "table": "kube-proxy", "type": ["inet_proto", "inet_service"], "map": "verdict"}}]}',
   };
   const { nft } = runnerWith((call) => ({ stdout: outputs[call.args.join(" ")] ?? "" }));
   assert.deepEqual(await nft.listAll(), { chain: ["c"], set: ["to"], map: ["mm", "vm"], counter: ["cnt"] });
