@@ -331,7 +331,7 @@ boot() {
   echo "IPVSVM-HOST qemu exit $?") |
     tr -d '\r' | sed -u 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | tee "$console" &
   local pipeline=$!
-  trap 'kill "$(cat "$scratch/qemu.pid" 2>/dev/null)" 2>/dev/null; exit 143' INT TERM
+  trap 'kill "$(cat "$scratch/qemu.pid" 2>/dev/null)" 2>/dev/null; sleep 1; rm -rf "$scratch"; exit 143' INT TERM
   wait "$pipeline" || true
   trap - INT TERM
   rc=$(sed -n 's/^IPVSVM-RESULT rc=\([0-9]*\).*/\1/p' "$console" | tail -n 1)
