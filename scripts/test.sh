@@ -18,6 +18,15 @@ set +e
 deno test --allow-all "${@:-tests/}" 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 set -e
-summary=$(sed -nE 's/^(ok|FAILED) \| ([0-9]+) passed( \([0-9]+ steps?\))? \| ([0-9]+) failed.*/\2 passed, \4 failed/p' "$out" | tail -n 1)
+# Deno's last summary line ("ok | N passed (S steps) | M failed ...") gives the host's counts. The tests that
+# tests/dataplane/ipvs_vm_test.ts runs inside the IPVS VM (scripts/ipvs_vm.sh) are steps of that one host
+# test; it echoes the VM's own summary line prefixed "[vm] ", whose counts are added here.
+summary=$(sed -nE 's/^(\[vm\] )?(ok|FAILED) \| ([0-9]+) passed( \([0-9]+ steps?\))? \| ([0-9]+) failed.*/\1\3 \5/p' "$out" |
+  awk '/^\[vm\]/ { vp += $2; vf += $3; vm = 1; next } { hp = $1; hf = $2; host = 1 }
+    END {
+      if (!host) exit
+      if (vm) printf "(%d passed, %d failed inside the IPVS VM, counted below)\n", vp, vf
+      printf "%d passed, %d failed\n", hp + vp, hf + vf
+    }')
 echo "${summary:-0 passed, 1 failed}"
 exit "$rc"
