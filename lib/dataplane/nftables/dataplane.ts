@@ -68,6 +68,8 @@ export interface NftablesDataplaneOptions {
   /** Node addresses to use instead of `ip -j addr show` (tests). */
   nodeAddresses?: readonly string[];
   logger?: Logger;
+  /** Keep the last transaction's text in `lastTransaction` (tests, render). Default false. */
+  keepLastTransaction?: boolean;
   /** Wall clock in ms for the stale-chain delay (tests). */
   now?: () => number;
 }
@@ -152,7 +154,7 @@ export class NftablesDataplane implements Dataplane {
   /** Element values in the kernel. */
   private kernelElements = new Map<string, string>();
   private readonly staleChains = new Map<string, number>();
-  /** The last transaction (tests, debugging). */
+  /** The last transaction's text, kept only with the `keepLastTransaction` option (tests, render). */
   lastTransaction = "";
 
   constructor(opts: NftablesDataplaneOptions) {
@@ -245,7 +247,7 @@ export class NftablesDataplane implements Dataplane {
     if (deleted.length === 0) return;
     for (const c of deleted) this.staleChains.delete(c);
     this.log.info("Deleting stale nftables chains", { numChains: deleted.length });
-    this.lastTransaction = tx.toString();
+    if (this.opts.keepLastTransaction) this.lastTransaction = tx.toString();
     try {
       await this.nft.run(tx);
     } catch (err) {
@@ -333,11 +335,12 @@ export class NftablesDataplane implements Dataplane {
       // The flushes of stale chains did not happen: the next full sync finds them again.
       this.staleChains.clear();
       this.needFull = true;
-      this.lastTransaction = transaction.toString();
+      if (this.opts.keepLastTransaction) this.lastTransaction = transaction.toString();
       throw err;
     }
     const applyMs = performance.now() - tApply;
-    this.lastTransaction = transaction.toString();
+    // A full sync's text is as big as the payload (50 MiB at 10k × 10): not kept unless asked for.
+    if (this.opts.keepLastTransaction) this.lastTransaction = transaction.toString();
     built.commit();
     if (full) this.baseChainsRecreated = true;
     this.needFull = false;

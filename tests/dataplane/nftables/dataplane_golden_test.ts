@@ -25,6 +25,7 @@ async function ourTransaction(): Promise<string> {
     localTraffic: { kind: "cidr", cidr: "10.0.0.0/8" },
     nodePortAddresses: ["primary"],
     nodeAddresses: ["192.168.0.2"],
+    keepLastTransaction: true,
   });
   await dp.sync(snapshot(overallFixture(), { serviceCIDRs: ["172.30.0.0/16"] }));
   return dp.lastTransaction;
