@@ -3,7 +3,8 @@
  * the sandbox's node namespace and reaches the simulator on that namespace's loopback), controlled over
  * stdin/stdout JSON lines. Used by the dataplane tests, the demo and the scale harness.
  *
- * Run directly: `deno run -A testkit/apiserver_process.ts --kubeconfig /tmp/k.yaml [--load f.yaml ...]`.
+ * Run directly: `deno run -A testkit/apiserver_process.ts --kubeconfig /tmp/k.yaml [--load f.yaml ...]
+ * [--port N] [--tls-cert F --tls-key F [--client-ca F]] [--token T]`.
  * @module
  */
 import { parseAllDocuments } from "yaml";
@@ -53,12 +54,24 @@ async function serve(args: string[]): Promise<void> {
   let kubeconfig = "";
   const loads: string[] = [];
   let port = 0;
+  let tlsCert = "", tlsKey = "", clientCA = "", token: string | undefined;
   for (let i = 0; i < args.length; i++) {
     if (args[i] === "--kubeconfig") kubeconfig = args[++i];
     else if (args[i] === "--load") loads.push(args[++i]);
     else if (args[i] === "--port") port = Number(args[++i]);
+    else if (args[i] === "--tls-cert") tlsCert = args[++i];
+    else if (args[i] === "--tls-key") tlsKey = args[++i];
+    else if (args[i] === "--client-ca") clientCA = args[++i];
+    else if (args[i] === "--token") token = args[++i];
   }
-  const sim = await ApiServerSimulator.start({ port, bookmarkIntervalMs: 10_000 });
+  const read = (f: string) => Deno.readTextFile(f);
+  const sim = await ApiServerSimulator.start({
+    port,
+    bookmarkIntervalMs: 10_000,
+    token,
+    tls: tlsCert ? { cert: await read(tlsCert), key: await read(tlsKey) } : undefined,
+    clientCA: clientCA ? await read(clientCA) : undefined,
+  });
   for (const file of loads) {
     for (const obj of await readManifest(file)) sim.upsert(resourceOfKind(obj.kind), obj);
   }
@@ -116,6 +129,12 @@ export interface SimulatorProcessOptions {
    * simulator take over the address (and so the kubeconfig URL) of one that was closed.
    */
   port?: number;
+  /** Serve HTTPS with this certificate and key (PEM files). */
+  tls?: { certFile: string; keyFile: string };
+  /** With `tls`: require client certificates signed by this CA (PEM file). */
+  clientCAFile?: string;
+  /** Require this bearer token (unless a client certificate was verified). */
+  token?: string;
 }
 
 /** A simulator running as a child process, driven over its stdin/stdout. */
@@ -156,6 +175,9 @@ export class SimulatorProcess {
     const args = ["run", "-A", self, "--kubeconfig", kubeconfig];
     for (const f of opts.load ?? []) args.push("--load", f);
     if (opts.port !== undefined) args.push("--port", String(opts.port));
+    if (opts.tls) args.push("--tls-cert", opts.tls.certFile, "--tls-key", opts.tls.keyFile);
+    if (opts.clientCAFile) args.push("--client-ca", opts.clientCAFile);
+    if (opts.token !== undefined) args.push("--token", opts.token);
     const cmd = opts.netns ? "ip" : Deno.execPath();
     const fullArgs = opts.netns ? ["netns", "exec", opts.netns, Deno.execPath(), ...args] : args;
     const child = new Deno.Command(cmd, {

@@ -22,6 +22,7 @@ import {
   startSandboxAgent,
   tally,
 } from "./helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = sandboxUnavailableReason(["ip", "iptables", "iptables-save", "conntrack", "sysctl"]);
 const NODE = "node1";
@@ -55,9 +56,8 @@ async function hits(probe: Probe, host: string, port: number, count: number, opt
   return await probe.repeat({ op: "tcp", host, port, timeoutMs: 1000, ...opts }, count);
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "dataplane: the agent's iptables rules carry real traffic",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {

@@ -28,6 +28,7 @@ import {
   startSandboxAgent,
   tally,
 } from "./helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = sandboxUnavailableReason(["ip", "iptables", "ip6tables", "conntrack", "sysctl"]) ??
   (() => {
@@ -74,9 +75,8 @@ async function hits(probe: Probe, op: "tcp" | "udp", host: string, port: number,
   return await probe.repeat({ op, host, port, timeoutMs: 1000 }, count);
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "dataplane: dual-stack Service over IPv4 and IPv6 (ClusterIPs, NodePort, per-family endpoints)",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {

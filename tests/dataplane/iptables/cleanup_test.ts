@@ -5,7 +5,8 @@ import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts"
 import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detector.ts";
 import { configureLogging } from "../../../lib/log.ts";
 import { overallFixture, snapshot } from "../../../testkit/fixtures.ts";
-import { canUseNetns, withNetns } from "../../../testkit/netns.ts";
+import { netnsUnavailableReason, withNetns } from "../../../testkit/netns.ts";
+import { privilegedTest } from "../../../testkit/privileged.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -32,10 +33,10 @@ Deno.test("cleanup payload: jumps deleted, KUBE chains flushed and removed, kube
   assert.equal(iptablesCleanupPayload("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"), "");
 });
 
-Deno.test({
+privilegedTest(netnsUnavailableReason(), {
   name:
     "netns: --cleanup removes every kube-proxy chain (both backends, both families), ipsets, nft tables; idempotent",
-  ignore: !canUseNetns(),
+
   fn: () =>
     withNetns(async (runner) => {
       for (const backend of ["legacy", "nft"] as const) {
