@@ -8,7 +8,7 @@
  * @module
  */
 import { parseAllDocuments } from "yaml";
-import { ApiServerSimulator, type ResourceName } from "./apiserver.ts";
+import { ApiServerSimulator, type RequestKind, type ResourceName } from "./apiserver.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
 
 /** A request on the control channel. */
@@ -18,7 +18,8 @@ type ControlRequest =
   | { id: number; op: "delete"; resource: ResourceName; namespace?: string; name: string }
   | { id: number; op: "list"; resource: ResourceName }
   | { id: number; op: "stats" }
-  | { id: number; op: "dropWatches" };
+  | { id: number; op: "dropWatches" }
+  | { id: number; op: "failNext"; n: number; status: number; kind?: RequestKind; resource?: ResourceName };
 
 /** The resource a manifest object belongs to, from its kind. */
 export function resourceOfKind(kind: string | undefined): ResourceName {
@@ -108,6 +109,9 @@ async function serve(args: string[]): Promise<void> {
           break;
         case "dropWatches":
           sim.faults.dropWatches();
+          break;
+        case "failNext":
+          sim.faults.failNext(req.n, req.status, { kind: req.kind, resource: req.resource });
           break;
       }
       await reply({ id: req.id, ok: true, result });
@@ -226,6 +230,20 @@ export class SimulatorProcess {
     return this.call({ op: "stats" }) as Promise<
       { lists: number; watches: number; openWatches: number; rv: number }
     >;
+  }
+
+  /** Ends every open watch stream without a clean end. */
+  dropWatches(): Promise<unknown> {
+    return this.call({ op: "dropWatches" });
+  }
+
+  /** Fails the next `n` requests of `kind` (and resource) with `status` (see SimulatorFaults.failNext). */
+  failNext(
+    n: number,
+    status: number,
+    opts: { kind?: RequestKind; resource?: ResourceName } = {},
+  ): Promise<unknown> {
+    return this.call({ op: "failNext", n, status, ...opts });
   }
 
   /** Stops the process and removes its kubeconfig. */

@@ -229,8 +229,10 @@ export class Reflector<T extends KubeObject> {
     return { labelSelector: this.opts.labelSelector, fieldSelector: this.opts.fieldSelector };
   }
 
-  private async wait(signal: AbortSignal): Promise<void> {
+  /** Waits the next backoff step; `announce` gets its length (ms, rounded) first. */
+  private async wait(signal: AbortSignal, announce?: (ms: number) => void): Promise<void> {
     const ms = this.backoff.next();
+    announce?.(Math.round(ms));
     this.waits.push(ms);
     if (this.waits.length > 100) this.waits.shift();
     await this.clock.sleep(ms, signal);
@@ -249,7 +251,7 @@ export class Reflector<T extends KubeObject> {
       }
       if (signal.aborted) break;
       // wait.BackoffUntil with sliding=true: a backoff step after every return of list-and-watch.
-      await this.wait(signal);
+      await this.wait(signal, (ms) => this.log.v(2).info("Listing again after backoff", { retryInMs: ms }));
     }
     this.log.v(3).info("Stopping reflector");
   }
@@ -345,9 +347,12 @@ export class Reflector<T extends KubeObject> {
         if (!opened && isWatchRetriable(e)) {
           this.counts.errors++;
           // Connection refused or 429 on the request: most likely the API server is down or busy; the
-          // watch can resume where it ended, so back off and watch again without a list.
-          this.log.v(4).info("Watch failed - backing off", { err: e });
-          await this.wait(signal);
+          // watch can resume where it ended, so back off and watch again without a list. client-go logs
+          // this at V(4); we warn, with the cause, so that an operator sees why no updates arrive.
+          await this.wait(
+            signal,
+            (ms) => this.log.warn("Watch failed - backing off", { err: e, retryInMs: ms }),
+          );
           continue;
         }
         if (!opened) throw e;

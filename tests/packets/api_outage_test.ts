@@ -138,7 +138,8 @@ privilegedTest(unavailable, {
           );
           // The outage was real for the agent: its watches broke and it kept retrying.
           const during = agent!.output.slice(logBefore);
-          assert.match(during, /Watch connection failed|List failed|Watch failed/, during.slice(-3000));
+          assert.match(during, /Watch failed - backing off|Failed to watch/, during.slice(-3000));
+          assert.match(during, /connection refused 127\.0\.0\.1:\d+/, "the log names the cause");
         },
       );
 
