@@ -196,6 +196,7 @@ export class KubeClient {
     } else {
       const o: Deno.CreateHttpClientOptions & { cert?: string; key?: string } = {};
       if (c.caPem) o.caCerts = [c.caPem];
+      if (c.proxyUrl) o.proxy = proxyOption(c.proxyUrl);
       if (certPem && keyPem) {
         o.cert = certPem;
         o.key = keyPem;
@@ -224,6 +225,16 @@ export class KubeClient {
     else if (c.username !== undefined) {
       h.set("Authorization", `Basic ${btoa(`${c.username}:${c.password ?? ""}`)}`);
     } else if (creds?.token) h.set("Authorization", `Bearer ${creds.token}`);
+    const imp = c.impersonate;
+    if (imp) {
+      // client-go's impersonatingRoundTripper.
+      if (imp.user) h.set("Impersonate-User", imp.user);
+      if (imp.uid) h.set("Impersonate-Uid", imp.uid);
+      for (const g of imp.groups) h.append("Impersonate-Group", g);
+      for (const [k, vs] of Object.entries(imp.extra)) {
+        for (const v of vs) h.append(`Impersonate-Extra-${encodeURIComponent(k)}`, v);
+      }
+    }
     return h;
   }
 
@@ -487,6 +498,18 @@ function errorFrom(code: number, text: string, method: string, path: string): Ku
     message = `${method} ${path}: ${code} ${reason}: ${message}`;
   }
   return new KubeApiError(code, reason, message, st);
+}
+
+/** Deno's proxy option for a kubeconfig `proxy-url` (http, https or socks5, credentials in the URL). */
+function proxyOption(raw: string): Deno.Proxy {
+  const u = new URL(raw);
+  const transport = u.protocol.slice(0, -1) as "http" | "https" | "socks5";
+  const basicAuth = u.username
+    ? { username: decodeURIComponent(u.username), password: decodeURIComponent(u.password) }
+    : undefined;
+  u.username = "";
+  u.password = "";
+  return { transport, url: u.href.replace(/\/$/, ""), ...(basicAuth ? { basicAuth } : {}) };
 }
 
 function insecureFetcher(certPem?: string, keyPem?: string): Fetcher {

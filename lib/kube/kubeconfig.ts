@@ -3,8 +3,10 @@
  * in-cluster service account, with `--master` overriding the server.
  *
  * Our own small loader (npm:yaml) handles servers, CA files and data, insecure-skip-tls-verify, client
- * certificates and keys (files or data; PKCS#8, SEC1 and PKCS#1 PEM keys), tokens, tokenFile, basic auth and
- * `exec` credential plugins (run by us, ./exec_credential.ts). An `auth-provider` user fails as in upstream
+ * certificates and keys (files or data; PKCS#8, SEC1 and PKCS#1 PEM keys), tokens, tokenFile, basic auth,
+ * `exec` credential plugins (run by us, ./exec_credential.ts), `proxy-url` and impersonation (`as`,
+ * `as-uid`, `as-groups`, `as-user-extra`). `tls-server-name` is refused with a clear message (Deno's fetch
+ * cannot verify against a name other than the URL's). An `auth-provider` user fails as in upstream
  * kube-proxy v1.35, which registers no auth-provider plugins: `no Auth Provider found for name "oidc"`.
  * Every problem is reported as one {@link KubeConfigError} with a message an operator can act on.
  * @module
@@ -48,6 +50,10 @@ export interface RestConfig {
   password?: string;
   /** An exec credential plugin (token and/or client certificate), when the user has no other credential. */
   exec?: ExecAuthenticator;
+  /** `proxy-url` of the cluster: an http, https or socks5 proxy for every request. */
+  proxyUrl?: string;
+  /** Impersonation (`as`, `as-uid`, `as-groups`, `as-user-extra`), sent as Impersonate-* headers. */
+  impersonate?: { user?: string; uid?: string; groups: string[]; extra: Record<string, string[]> };
   /** Where this came from, for logs: a file path or "in-cluster". */
   source: string;
 }
@@ -274,6 +280,51 @@ export async function loadKubeconfigFile(path: string): Promise<RestConfig> {
   if (user.username) {
     cfg.username = String(user.username);
     cfg.password = String(user.password ?? "");
+  }
+  if (cluster["tls-server-name"]) {
+    // Deno's fetch cannot set the TLS server name apart from the URL's host; failing beats verifying
+    // against the wrong name.
+    throw new KubeConfigError(
+      `invalid configuration: tls-server-name of cluster "${context.cluster}" (${path}) is not supported; ` +
+        "use a server URL whose host name is in the API server's certificate",
+    );
+  }
+  if (cluster["proxy-url"]) {
+    const raw = String(cluster["proxy-url"]);
+    let u: URL;
+    try {
+      u = new URL(raw);
+    } catch {
+      throw new KubeConfigError(
+        `invalid configuration: proxy-url ${JSON.stringify(raw)} in ${path} is not a URL`,
+      );
+    }
+    if (!["http:", "https:", "socks5:"].includes(u.protocol)) {
+      // client-go's ValidateProxyURL accepts exactly these schemes.
+      throw new KubeConfigError(
+        `invalid configuration: proxy-url ${raw} in ${path}: unsupported scheme "${
+          u.protocol.slice(0, -1)
+        }", must be http, https, or socks5`,
+      );
+    }
+    if (cfg.insecure) {
+      throw new KubeConfigError(
+        `invalid configuration (${path}): proxy-url together with insecure-skip-tls-verify is not supported`,
+      );
+    }
+    cfg.proxyUrl = raw;
+  }
+  if (user.as || user["as-uid"] || user["as-groups"] || user["as-user-extra"]) {
+    const extra: Record<string, string[]> = {};
+    for (const [k, v] of Object.entries((user["as-user-extra"] ?? {}) as Record<string, unknown>)) {
+      extra[k] = (Array.isArray(v) ? v : [v]).map(String);
+    }
+    cfg.impersonate = {
+      user: user.as ? String(user.as) : undefined,
+      uid: user["as-uid"] ? String(user["as-uid"]) : undefined,
+      groups: (Array.isArray(user["as-groups"]) ? user["as-groups"] : []).map(String),
+      extra,
+    };
   }
   const userName = context.user ? `"${context.user}"` : "the user";
   if (user.exec && user["auth-provider"]) {
