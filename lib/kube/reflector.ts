@@ -203,8 +203,6 @@ export class Reflector<T extends KubeObject> {
   lastResourceVersion = "";
   /** Counters, for tests and metrics. */
   readonly counts = { lists: 0, watches: 0, events: 0, bookmarks: 0, errors: 0, resyncs: 0 };
-  /** Every backoff wait taken, in ms (the last 100), for tests. */
-  readonly waits: number[] = [];
   private readonly log: Logger;
   private readonly backoff: Backoff;
   private readonly clock: ReflectorClock;
@@ -233,8 +231,6 @@ export class Reflector<T extends KubeObject> {
   private async wait(signal: AbortSignal, announce?: (ms: number) => void): Promise<void> {
     const ms = this.backoff.next();
     announce?.(Math.round(ms));
-    this.waits.push(ms);
-    if (this.waits.length > 100) this.waits.shift();
     await this.clock.sleep(ms, signal);
   }
 
