@@ -13,8 +13,12 @@
 # metadata). The same script and list build the directory that tests/image/rootfs_test.ts runs the agent and
 # every tool in, so the image's contents are tested without Docker; this file itself is not built by the tests
 # (no container engine there). Builder and base are both Debian 12 (glibc 2.36).
+#
+# A kubeconfig with an exec credential plugin needs the plugin granted:
+#   --build-arg DKP_EXTRA_PERMISSIONS=--allow-run=/path/plugin
 
 FROM debian:bookworm-slim AS build
+ARG DKP_EXTRA_PERMISSIONS=""
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates nodejs npm \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

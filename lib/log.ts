@@ -48,8 +48,23 @@ function pad(n: number, width = 2): string {
   return String(n).padStart(width, "0");
 }
 
+/**
+ * An error's message followed by those of its causes that it does not already contain, e.g. Deno's
+ * `fetch failed: error sending request ...: tcp connect error: Connection refused`.
+ */
+export function errorText(e: Error): string {
+  let text = e.message;
+  let c: unknown = e.cause;
+  for (let i = 0; i < 5 && c !== undefined && c !== null; i++) {
+    const m = c instanceof Error ? c.message : typeof c === "object" ? "" : String(c);
+    if (m && !text.includes(m)) text += `: ${m}`;
+    c = c instanceof Error ? c.cause : undefined;
+  }
+  return text;
+}
+
 function quote(v: unknown): string {
-  if (v instanceof Error) return JSON.stringify(v.message);
+  if (v instanceof Error) return JSON.stringify(errorText(v));
   if (typeof v === "string") return JSON.stringify(v);
   if (typeof v === "number" || typeof v === "boolean" || v === null || v === undefined) return String(v);
   if (v instanceof Set) return JSON.stringify([...v]);
@@ -73,9 +88,9 @@ function emit(sev: Severity, level: number, msg: string, kv: KV | undefined, err
   const where = caller();
   if (settings.format === "json") {
     const rec: Record<string, unknown> = { ts: t.getTime() / 1000, caller: where, msg, v: level };
-    if (sev === "error" && err !== undefined) rec.err = err instanceof Error ? err.message : String(err);
+    if (sev === "error" && err !== undefined) rec.err = err instanceof Error ? errorText(err) : String(err);
     for (const [k, v] of Object.entries(kv ?? {})) {
-      rec[k] = v instanceof Error ? v.message : v instanceof Set ? [...v] : v;
+      rec[k] = v instanceof Error ? errorText(v) : v instanceof Set ? [...v] : v;
     }
     settings.sink(JSON.stringify(rec));
     return;

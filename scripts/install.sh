@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs what deno-kube-proxy needs on a fresh machine, and nothing global besides apt packages:
 #   - Deno, pinned below (the only place the version is written), from the npm registry, into
-#     $DKP_TOOLS (default ~/.cache/deno-kube-proxy); skipped when that exact version is there.
-#   - the netfilter tools the agent and the tests spawn, and systemd-analyze for the unit's test (apt, only when
-#     missing and run as root; DKP_SYSTEM_TOOLS=0 skips this, as the Dockerfile's build stage does).
-# Prints the path of the deno binary on its last line.
+#     $DKP_TOOLS (default ~/.cache/deno-kube-proxy); skipped when that exact version is there. This
+#     needs npm: when it is missing, it is installed with apt (as root), else the script says so and stops.
+#   - the netfilter tools the agent and the tests spawn, openssl/flock/unshare for the tests and
+#     systemd-analyze for the unit's test (apt, only when missing and run as root; DKP_SYSTEM_TOOLS=0 skips
+#     this, as the Dockerfile's build stage does).
+# Puts deno on $DKP_TOOLS/bin (add that directory to PATH to use `deno` directly) and prints the path
+# of the deno binary on its last line.
 set -euo pipefail
 
 DENO_VERSION=2.9.6
@@ -16,7 +19,16 @@ log() { echo "install: $*" >&2; }
 
 if [ ! -x "$deno_bin" ] || ! "$deno_bin" --version 2>/dev/null | grep -q "^deno $DENO_VERSION "; then
   log "installing deno $DENO_VERSION from the npm registry into $prefix"
-  command -v npm >/dev/null || { log "npm is required to install deno"; exit 1; }
+  if ! command -v npm >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      log "npm is missing: installing nodejs and npm with apt"
+      apt-get update -qq >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >&2
+    else
+      log "npm is required to install deno (install nodejs and npm, or run this script as root with apt)"
+      exit 1
+    fi
+  fi
   mkdir -p "$prefix"
   npm install --no-save --no-audit --no-fund --loglevel=error --prefix "$prefix" \
     "deno@$DENO_VERSION" "@deno/linux-x64-glibc@$DENO_VERSION" >&2

@@ -24,7 +24,9 @@
  * Must run as root. Everything happens in `dkp-scale-<pid>`, deleted afterwards, also on SIGINT/SIGTERM.
  * @module
  */
+import { agentCommand } from "../testkit/agent_command.ts";
 import { SimulatorProcess } from "../testkit/apiserver_process.ts";
+import { usePrivateXtablesLock } from "../testkit/xtables_lock.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
 import { IpPool, makeNode, makeService, makeSlice, TARGET_PORT } from "./scale_objects.ts";
 import { type Call, NodeNamespace, parseCalls, writeWrappers } from "./scale_netns.ts";
@@ -132,14 +134,6 @@ function readProc(
   }
 }
 
-/** The agent command: the `start` task's flags from deno.json, then the kube-proxy arguments. */
-async function agentCommand(extra: string[]): Promise<string[]> {
-  const cfg = JSON.parse(await Deno.readTextFile(`${REPO}/deno.json`));
-  const words = (cfg.tasks.start as string).trim().split(/\s+/);
-  if (words[0] !== "deno" || words.at(-1) !== "main.ts") throw new Error("unexpected start task shape");
-  return [Deno.execPath(), ...words.slice(1, -1), `${REPO}/main.ts`, ...extra];
-}
-
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const MiB = 1024 * 1024;
 
@@ -147,6 +141,7 @@ const MiB = 1024 * 1024;
 export async function runScale(opts: ScaleOptions): Promise<ScaleResult> {
   const say = (m: string) => opts.verbose && console.error(`[scale ${new Date().toISOString()}] ${m}`);
   if (Deno.uid() !== 0) throw new Error("the scale harness needs root (network namespaces, iptables)");
+  usePrivateXtablesLock(); // its namespace's tables are its own: so is their lock
   const workdir = await Deno.makeTempDir({ prefix: "dkp-scale-" });
   const ns = await NodeNamespace.create(opts.backend);
   let sim: SimulatorProcess | null = null;
@@ -190,7 +185,7 @@ export async function runScale(opts: ScaleOptions): Promise<ScaleResult> {
     say(`loaded ${opts.services} services × ${opts.endpoints} endpoints in ${Date.now() - t0} ms`);
 
     // 2. Agent.
-    const cmd = await agentCommand([
+    const cmd = agentCommand([
       "--kubeconfig",
       sim.kubeconfig,
       "--hostname-override",

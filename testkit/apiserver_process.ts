@@ -3,11 +3,12 @@
  * the sandbox's node namespace and reaches the simulator on that namespace's loopback), controlled over
  * stdin/stdout JSON lines. Used by the dataplane tests, the demo and the scale harness.
  *
- * Run directly: `deno run -A testkit/apiserver_process.ts --kubeconfig /tmp/k.yaml [--load f.yaml ...]`.
+ * Run directly: `deno run -A testkit/apiserver_process.ts --kubeconfig /tmp/k.yaml [--load f.yaml ...]
+ * [--port N] [--tls-cert F --tls-key F [--client-ca F]] [--token T]`.
  * @module
  */
 import { parseAllDocuments } from "yaml";
-import { ApiServerSimulator, type ResourceName } from "./apiserver.ts";
+import { ApiServerSimulator, type RequestKind, type ResourceName } from "./apiserver.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
 
 /** A request on the control channel. */
@@ -17,7 +18,8 @@ type ControlRequest =
   | { id: number; op: "delete"; resource: ResourceName; namespace?: string; name: string }
   | { id: number; op: "list"; resource: ResourceName }
   | { id: number; op: "stats" }
-  | { id: number; op: "dropWatches" };
+  | { id: number; op: "dropWatches" }
+  | { id: number; op: "failNext"; n: number; status: number; kind?: RequestKind; resource?: ResourceName };
 
 /** The resource a manifest object belongs to, from its kind. */
 export function resourceOfKind(kind: string | undefined): ResourceName {
@@ -55,12 +57,24 @@ async function serve(args: string[]): Promise<void> {
   let kubeconfig = "";
   const loads: string[] = [];
   let port = 0;
+  let tlsCert = "", tlsKey = "", clientCA = "", token: string | undefined;
   for (let i = 0; i < args.length; i++) {
     if (args[i] === "--kubeconfig") kubeconfig = args[++i];
     else if (args[i] === "--load") loads.push(args[++i]);
     else if (args[i] === "--port") port = Number(args[++i]);
+    else if (args[i] === "--tls-cert") tlsCert = args[++i];
+    else if (args[i] === "--tls-key") tlsKey = args[++i];
+    else if (args[i] === "--client-ca") clientCA = args[++i];
+    else if (args[i] === "--token") token = args[++i];
   }
-  const sim = await ApiServerSimulator.start({ port, bookmarkIntervalMs: 10_000 });
+  const read = (f: string) => Deno.readTextFile(f);
+  const sim = await ApiServerSimulator.start({
+    port,
+    bookmarkIntervalMs: 10_000,
+    token,
+    tls: tlsCert ? { cert: await read(tlsCert), key: await read(tlsKey) } : undefined,
+    clientCA: clientCA ? await read(clientCA) : undefined,
+  });
   for (const file of loads) {
     for (const obj of await readManifest(file)) sim.upsert(resourceOfKind(obj.kind), obj);
   }
@@ -98,6 +112,9 @@ async function serve(args: string[]): Promise<void> {
         case "dropWatches":
           sim.faults.dropWatches();
           break;
+        case "failNext":
+          sim.faults.failNext(req.n, req.status, { kind: req.kind, resource: req.resource });
+          break;
       }
       await reply({ id: req.id, ok: true, result });
     } catch (err) {
@@ -118,6 +135,12 @@ export interface SimulatorProcessOptions {
    * simulator take over the address (and so the kubeconfig URL) of one that was closed.
    */
   port?: number;
+  /** Serve HTTPS with this certificate and key (PEM files). */
+  tls?: { certFile: string; keyFile: string };
+  /** With `tls`: require client certificates signed by this CA (PEM file). */
+  clientCAFile?: string;
+  /** Require this bearer token (unless a client certificate was verified). */
+  token?: string;
 }
 
 /** A simulator running as a child process, driven over its stdin/stdout. */
@@ -158,6 +181,9 @@ export class SimulatorProcess {
     const args = ["run", "-A", self, "--kubeconfig", kubeconfig];
     for (const f of opts.load ?? []) args.push("--load", f);
     if (opts.port !== undefined) args.push("--port", String(opts.port));
+    if (opts.tls) args.push("--tls-cert", opts.tls.certFile, "--tls-key", opts.tls.keyFile);
+    if (opts.clientCAFile) args.push("--client-ca", opts.clientCAFile);
+    if (opts.token !== undefined) args.push("--token", opts.token);
     const cmd = opts.netns ? "ip" : Deno.execPath();
     const fullArgs = opts.netns ? ["netns", "exec", opts.netns, Deno.execPath(), ...args] : args;
     const child = new Deno.Command(cmd, {
@@ -206,6 +232,20 @@ export class SimulatorProcess {
     return this.call({ op: "stats" }) as Promise<
       { lists: number; watches: number; openWatches: number; rv: number }
     >;
+  }
+
+  /** Ends every open watch stream without a clean end. */
+  dropWatches(): Promise<unknown> {
+    return this.call({ op: "dropWatches" });
+  }
+
+  /** Fails the next `n` requests of `kind` (and resource) with `status` (see SimulatorFaults.failNext). */
+  failNext(
+    n: number,
+    status: number,
+    opts: { kind?: RequestKind; resource?: ResourceName } = {},
+  ): Promise<unknown> {
+    return this.call({ op: "failNext", n, status, ...opts });
   }
 
   /** Stops the process and removes its kubeconfig. */

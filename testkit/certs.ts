@@ -268,3 +268,48 @@ export async function makeKeyPair(dir: string, name: string): Promise<{ key: str
   await openssl(dir, ["pkey", "-in", `${name}.key`, "-pubout", "-out", `${name}.pub`]);
   return { key: `${dir}/${name}.key`, pub: `${dir}/${name}.pub` };
 }
+
+/**
+ * Issues another server certificate from the PKI's CA, for the given subjectAltName list (e.g.
+ * `DNS:elsewhere.example`); returns its PEM certificate and key. Used to test name-mismatch failures.
+ */
+export async function issueServerCert(pki: TestPki, san: string): Promise<{ cert: string; key: string }> {
+  const name = `server-${crypto.randomUUID().slice(0, 8)}`;
+  const dir = pki.dir;
+  await Deno.writeTextFile(`${dir}/${name}.ext`, `subjectAltName=${san}\nextendedKeyUsage=serverAuth\n`);
+  await openssl(dir, [
+    "req",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-nodes",
+    "-keyout",
+    `${name}.key`,
+    "-out",
+    `${name}.csr`,
+    "-subj",
+    "/CN=kube-apiserver",
+  ]);
+  await openssl(dir, [
+    "x509",
+    "-req",
+    "-in",
+    `${name}.csr`,
+    "-CA",
+    "ca.crt",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    `${name}.crt`,
+    "-days",
+    "2",
+    "-extfile",
+    `${name}.ext`,
+  ]);
+  return {
+    cert: await Deno.readTextFile(`${dir}/${name}.crt`),
+    key: await Deno.readTextFile(`${dir}/${name}.key`),
+  };
+}

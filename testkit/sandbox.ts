@@ -40,6 +40,9 @@
  * `send_redirects` switch, and a redirect would let pods talk to each other at L2 around the node's
  * netfilter (and its reverse NAT). Without `ipv6` nothing IPv6 is configured, as before.
  *
+ * iptables in the sandbox uses a private lock file (`XTABLES_LOCKFILE`, ./xtables_lock.ts), not the host-wide
+ * `/run/xtables.lock`.
+ *
  * Namespace names are `dkp-<pid>-<n>-<role>`; {@linkcode cleanupStale} removes those whose creating
  * process is gone, and every live sandbox is removed from unload/SIGINT/SIGTERM handlers.
  * @module
@@ -47,6 +50,7 @@
 
 import { type CommandResult, DenoCommandRunner } from "../lib/exec.ts";
 import { Probe } from "./probe.ts";
+import { usePrivateXtablesLock } from "./xtables_lock.ts";
 
 /** Prefix shared by every namespace a sandbox creates. */
 export const NETNS_PREFIX = "dkp-";
@@ -360,6 +364,8 @@ export class Sandbox {
 
   /** Creates the node and client namespaces (and `opts.pods`). Removes stale sandboxes first. */
   static async create(opts: SandboxOptions = {}): Promise<Sandbox> {
+    // Every iptables call in the sandbox (the agent's, the tests') uses a private lock, inherited.
+    usePrivateXtablesLock();
     cleanupStale();
     const sb = new Sandbox(opts);
     liveSandboxes.add(sb);

@@ -203,3 +203,34 @@ Deno.test({
     });
   },
 });
+
+Deno.test({
+  name:
+    "agent: after a watch 500 and two list 500s a new Service is programmed after client-go's three backoff steps (5.6-11.2 s)",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  async fn() {
+    await withAgent({ services: [service("web", "10.96.0.10")] }, async ({ sim, runner }) => {
+      await until("the first restore", () => runner.calls.some(isRestore));
+      await until("the services watch", () => sim.openWatches("services") === 1);
+      // Let the watch last over a second so that its end is not a "very short watch".
+      await new Promise((r) => setTimeout(r, 1100));
+      sim.faults.failNext(1, 500, { kind: "watch", resource: "services" });
+      sim.faults.failNext(2, 500, { kind: "list", resource: "services" });
+      const t0 = performance.now();
+      sim.faults.dropWatches();
+      sim.upsert("services", service("late", "10.96.0.30"));
+      await until(
+        "the late service",
+        () => runner.calls.some((c) => isRestore(c) && c.stdin.includes("demo/late:p")),
+        20_000,
+      );
+      const s = (performance.now() - t0) / 1000;
+      // client-go: re-watch at once (500) -> wait 0.8-1.6 s -> list (500) -> wait 1.6-3.2 s -> list (500)
+      // -> wait 3.2-6.4 s -> list (ok, has "late") -> sync. The old loop re-watched after one step (~1 s).
+      assert.ok(s >= 5.6, `programmed after ${s.toFixed(2)} s, before client-go's third retry`);
+      assert.ok(s < 11.2 + 1.5, `programmed after ${s.toFixed(2)} s, later than client-go would`);
+      assert.equal(sim.stats.lists("services"), 4, "initial list, two failed relists, one good relist");
+    });
+  },
+});

@@ -3,7 +3,8 @@ import assert from "node:assert/strict";
 import { RecordingCommandRunner } from "../lib/exec.ts";
 import { configureLogging } from "../lib/log.ts";
 import { ensureSysctl, readIntSysctl } from "../lib/sysctl.ts";
-import { canUseNetns, withNetns } from "../testkit/netns.ts";
+import { netnsUnavailableReason, withNetns } from "../testkit/netns.ts";
+import { privilegedTest } from "../testkit/privileged.ts";
 
 /** A fake `sysctl` over a table of values; `readOnly` keys accept a write with exit 0 and keep their value. */
 function fakeSysctl(values: Record<string, string>, readOnly: string[] = []) {
@@ -57,10 +58,9 @@ Deno.test("ensureSysctl() reports a key that cannot be written", async () => {
   assert.equal(await ensureSysctl(runner, "net.x", 1), "failed");
 });
 
-Deno.test({
+privilegedTest(netnsUnavailableReason(), {
   name:
     "ensureSysctl() in a network namespace: a per-namespace key is set, nf_conntrack_max is not (read-only there)",
-  ignore: !canUseNetns(),
   fn: () =>
     withNetns(async (runner) => {
       const logs = captureLogs();

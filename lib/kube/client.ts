@@ -3,7 +3,12 @@
  * line by line as the body arrives (never buffering the whole stream).
  *
  * TLS goes through `Deno.createHttpClient` (CA, client certificate and key). `insecure-skip-tls-verify` has
- * no equivalent there, so that case alone uses node:https with verification off (a warning is logged).
+ * no equivalent there, so that case alone uses node:https with verification off (a warning is logged); it
+ * is given an explicit empty CA list, without which Deno's node:https asks for a `sys` permission that
+ * cannot be granted by name. An exec credential plugin's token or client certificate is fetched before
+ * each request (cached by the plugin runner until it expires); a new client certificate replaces the
+ * connection pool, and a 401 re-runs the plugin once, as client-go. Transport failures are rethrown as
+ * {@link ApiConnectionError}s that name the cause (./net_errors.ts).
  * Non-watch requests pass a qps/burst token bucket (`clientConnection.qps`/`burst`, default 5/10).
  * @module
  */
@@ -12,6 +17,8 @@ import { log } from "../log.ts";
 import type { KubeList, KubeObject, Status, WatchEvent } from "./types.ts";
 import { type LoadOptions, loadRestConfig, type RestConfig } from "./kubeconfig.ts";
 import { TokenBucket } from "./rate_limiter.ts";
+import type { ExecCredentials } from "./exec_credential.ts";
+import { connectionError } from "./net_errors.ts";
 
 /** Version reported in the User-Agent. */
 export const CLIENT_VERSION = "v0.1.0";
@@ -79,9 +86,19 @@ export interface RequestOptions {
 export interface WatchOptions {
   /** Abort when no byte arrives for this long (ms); 0/undefined: never. */
   inactivityMs?: number;
+  /** Called once the server has accepted the watch (status < 400), before the first event. */
+  onOpen?: () => void;
 }
 
 type Fetcher = (url: string, init: RequestInit & { signal?: AbortSignal }) => Promise<Response>;
+
+/** A connection pool for one client identity (certificate and key). */
+interface Transport {
+  /** Identifies the client certificate and key it was built with. */
+  key: string;
+  fetch: Fetcher;
+  close(): void;
+}
 
 function goArch(): string {
   const a = Deno.build.arch as string;
@@ -139,8 +156,7 @@ class TokenFile {
 export class KubeClient {
   /** The API server base URL. */
   readonly server: string;
-  private readonly httpClient?: Deno.HttpClient;
-  private readonly fetcher: Fetcher;
+  private transport?: Transport;
   private readonly limiter: TokenBucket;
   private readonly userAgent: string;
   private readonly tokenFile?: TokenFile;
@@ -160,38 +176,73 @@ export class KubeClient {
       });
     }
     if (config.tokenFile) this.tokenFile = new TokenFile(config.tokenFile, opts.tokenRecheckMs ?? 10_000);
-    const isHttps = config.server.startsWith("https:");
-    if (isHttps && config.insecure) {
+    if (config.server.startsWith("https:") && config.insecure) {
       log.warn("insecure-skip-tls-verify is set: the API server's certificate is not verified", {
         server: config.server,
       });
-      this.fetcher = insecureFetcher(config.certPem, config.keyPem);
-    } else {
-      const o: Deno.CreateHttpClientOptions & { cert?: string; key?: string } = {};
-      if (config.caPem) o.caCerts = [config.caPem];
-      if (config.certPem && config.keyPem) {
-        o.cert = config.certPem;
-        o.key = config.keyPem;
-      }
-      this.httpClient = Deno.createHttpClient(o);
-      const client = this.httpClient;
-      this.fetcher = (url, init) => fetch(url, { ...init, client });
     }
+    // Build the pool now when the identity is static, so that TLS settings fail early.
+    if (!config.exec) this.transportFor(config.certPem, config.keyPem);
   }
 
-  private async headers(extra?: Record<string, string>, forceToken = false): Promise<Headers> {
+  /** The pool for this client certificate; a different certificate (exec rotation) replaces the pool. */
+  private transportFor(certPem?: string, keyPem?: string): Transport {
+    const key = `${certPem ?? ""}\0${keyPem ?? ""}`;
+    if (this.transport?.key === key) return this.transport;
+    const old = this.transport;
+    const c = this.config;
+    if (c.server.startsWith("https:") && c.insecure) {
+      this.transport = { key, fetch: insecureFetcher(certPem, keyPem), close() {} };
+    } else {
+      const o: Deno.CreateHttpClientOptions & { cert?: string; key?: string } = {};
+      if (c.caPem) o.caCerts = [c.caPem];
+      if (c.proxyUrl) o.proxy = proxyOption(c.proxyUrl);
+      if (certPem && keyPem) {
+        o.cert = certPem;
+        o.key = keyPem;
+      }
+      const client = Deno.createHttpClient(o);
+      this.transport = {
+        key,
+        fetch: (url, init) => fetch(url, { ...init, client }),
+        close: () => client.close(),
+      };
+    }
+    // client-go closes every connection when the client certificate rotates.
+    old?.close();
+    return this.transport;
+  }
+
+  private async headers(
+    extra: Record<string, string> | undefined,
+    forceToken: boolean,
+    creds: ExecCredentials | undefined,
+  ): Promise<Headers> {
     const h = new Headers({ "User-Agent": this.userAgent, "Accept": this.accept, ...extra });
     const c = this.config;
     if (this.tokenFile) h.set("Authorization", `Bearer ${await this.tokenFile.get(forceToken)}`);
     else if (c.token) h.set("Authorization", `Bearer ${c.token}`);
     else if (c.username !== undefined) {
       h.set("Authorization", `Basic ${btoa(`${c.username}:${c.password ?? ""}`)}`);
+    } else if (creds?.token) h.set("Authorization", `Bearer ${creds.token}`);
+    const imp = c.impersonate;
+    if (imp) {
+      // client-go's impersonatingRoundTripper.
+      if (imp.user) h.set("Impersonate-User", imp.user);
+      if (imp.uid) h.set("Impersonate-Uid", imp.uid);
+      for (const g of imp.groups) h.append("Impersonate-Group", g);
+      for (const [k, vs] of Object.entries(imp.extra)) {
+        for (const v of vs) h.append(`Impersonate-Extra-${encodeURIComponent(k)}`, v);
+      }
     }
-    if (c.authHeaders) { for (const [k, v] of Object.entries(await c.authHeaders())) h.set(k, v); }
     return h;
   }
 
-  /** Sends one request and returns the raw Response (errors are not thrown for HTTP status codes). */
+  /**
+   * Sends one request and returns the raw Response (errors are not thrown for HTTP status codes). A
+   * transport failure becomes an ApiConnectionError, unless `signal` aborted (then the abort reason is
+   * rethrown as fetch gave it, for the caller to interpret).
+   */
   private async send(
     method: string,
     url: string,
@@ -200,21 +251,29 @@ export class KubeClient {
     signal: AbortSignal | undefined,
   ): Promise<Response> {
     if (this.closed) throw new Error("KubeClient is closed");
-    let res = await this.fetcher(url, {
-      method,
-      headers: await this.headers(contentType ? { "Content-Type": contentType } : undefined),
-      body,
-      signal,
-    });
-    if (res.status === 401 && this.tokenFile) {
-      // The token may have rotated since the last check: re-read it now and try once more.
+    const exec = this.config.exec;
+    let creds = exec ? await exec.get() : undefined;
+    const attempt = async (forceToken: boolean): Promise<Response> => {
+      const t = this.transportFor(creds?.certPem ?? this.config.certPem, creds?.keyPem ?? this.config.keyPem);
+      const headers = await this.headers(
+        contentType ? { "Content-Type": contentType } : undefined,
+        forceToken,
+        creds,
+      );
+      try {
+        return await t.fetch(url, { method, headers, body, signal });
+      } catch (e) {
+        if (signal?.aborted) throw e;
+        throw connectionError(e, method, url);
+      }
+    };
+    let res = await attempt(false);
+    if (res.status === 401 && (this.tokenFile || creds)) {
+      // The token may have rotated since the last check, or the plugin's credential was revoked: fetch a
+      // fresh one now and try once more.
       await res.body?.cancel();
-      res = await this.fetcher(url, {
-        method,
-        headers: await this.headers(contentType ? { "Content-Type": contentType } : undefined, true),
-        body,
-        signal,
-      });
+      if (exec && creds) creds = await exec.refreshAfterUnauthorized(creds);
+      res = await attempt(true);
     }
     return res;
   }
@@ -225,14 +284,30 @@ export class KubeClient {
     const timeout = AbortSignal.timeout(this.requestTimeoutMs);
     const signal = opts.signal ? AbortSignal.any([opts.signal, timeout]) : timeout;
     const body = opts.body === undefined ? undefined : JSON.stringify(opts.body);
-    const res = await this.send(
-      method,
-      buildUrl(this.server, path, opts.query),
-      body,
-      body === undefined ? undefined : (opts.contentType ?? "application/json"),
-      signal,
-    );
-    const text = await res.text();
+    const url = buildUrl(this.server, path, opts.query);
+    const timedOut = (e: unknown) =>
+      !opts.signal?.aborted && timeout.aborted
+        ? connectionError(timeout.reason, method, url, this.requestTimeoutMs)
+        : e;
+    let res: Response;
+    try {
+      res = await this.send(
+        method,
+        url,
+        body,
+        body === undefined ? undefined : (opts.contentType ?? "application/json"),
+        signal,
+      );
+    } catch (e) {
+      throw timedOut(e);
+    }
+    let text: string;
+    try {
+      text = await res.text();
+    } catch (e) {
+      if (opts.signal?.aborted) throw e;
+      throw timeout.aborted ? timedOut(e) : connectionError(e, method, url);
+    }
     if (res.status >= 400) throw errorFrom(res.status, text, method, path);
     if (!text) return undefined as T;
     try {
@@ -314,10 +389,11 @@ export class KubeClient {
     try {
       arm();
       let res: Response;
+      const url = buildUrl(this.server, path, { ...query, watch: "true" });
       try {
         res = await this.send(
           "GET",
-          buildUrl(this.server, path, { ...query, watch: "true" }),
+          url,
           undefined,
           undefined,
           ctl.signal,
@@ -330,13 +406,16 @@ export class KubeClient {
         const text = await res.text();
         throw errorFrom(res.status, text, "WATCH", path);
       }
+      opts.onOpen?.();
       if (!res.body) return;
       reader = res.body.getReader();
       try {
         yield* decodeWatchStream<T>(reader, arm);
       } catch (e) {
         if (inactive) throw new WatchInactivityError(inactivityMs);
-        throw e;
+        if (signal?.aborted || e instanceof WatchDecodeError) throw e;
+        // The stream broke mid-way (connection reset, server gone): name the cause.
+        throw connectionError(e, "WATCH", url);
       }
     } finally {
       if (timer !== undefined) clearTimeout(timer);
@@ -352,7 +431,7 @@ export class KubeClient {
   close(): void {
     if (this.closed) return;
     this.closed = true;
-    this.httpClient?.close();
+    this.transport?.close();
   }
 }
 
@@ -421,6 +500,18 @@ function errorFrom(code: number, text: string, method: string, path: string): Ku
   return new KubeApiError(code, reason, message, st);
 }
 
+/** Deno's proxy option for a kubeconfig `proxy-url` (http, https or socks5, credentials in the URL). */
+function proxyOption(raw: string): Deno.Proxy {
+  const u = new URL(raw);
+  const transport = u.protocol.slice(0, -1) as "http" | "https" | "socks5";
+  const basicAuth = u.username
+    ? { username: decodeURIComponent(u.username), password: decodeURIComponent(u.password) }
+    : undefined;
+  u.username = "";
+  u.password = "";
+  return { transport, url: u.href.replace(/\/$/, ""), ...(basicAuth ? { basicAuth } : {}) };
+}
+
 function insecureFetcher(certPem?: string, keyPem?: string): Fetcher {
   return async (url, init) => {
     const https = await import("node:https");
@@ -431,6 +522,9 @@ function insecureFetcher(certPem?: string, keyPem?: string): Fetcher {
         method: init.method ?? "GET",
         headers,
         rejectUnauthorized: false,
+        // An explicit (empty) CA list: otherwise Deno's node:https loads the system roots, which needs
+        // `--allow-sys` without a name list (there is no `sys` name for it).
+        ca: [],
         cert: certPem,
         key: keyPem,
         signal: init.signal ?? undefined,

@@ -3,8 +3,8 @@
  *
  * As client-go's shared informer: objects are keyed `namespace/name` (or `name`), `hasSynced()` turns true
  * once the first list has been delivered, a relist emits only the differences (objects whose
- * resourceVersion did not change emit nothing), and every `resyncMs` each cached object is re-delivered as
- * `onUpdate(obj, obj)`. Handlers run synchronously in registration order; one that throws is logged and the
+ * resourceVersion did not change emit nothing), and every `resyncMs` while watching each cached object is
+ * re-delivered as `onUpdate(obj, obj)`. Handlers run synchronously in registration order; one that throws is logged and the
  * others (and the informer) carry on.
  *
  * The factories apply kube-proxy's selectors (cmd/kube-proxy/app/server.go): Services and EndpointSlices
@@ -29,11 +29,11 @@ export interface EventHandler<T> {
   onDelete?(obj: T): void;
 }
 
-/** Options of {@link Informer}. */
-export interface InformerOptions extends Omit<ReflectorOptions, "path"> {
-  /** Resync period (configSyncPeriod) in ms; 0 disables (default 0). */
-  resyncMs?: number;
-}
+/**
+ * Options of {@link Informer}: the reflector's; `resyncMs` is the resync period (configSyncPeriod, 0
+ * disables), counted while a watch runs as in client-go.
+ */
+export type InformerOptions = Omit<ReflectorOptions, "path">;
 
 /** The cache key of an object: `namespace/name`, or `name` for cluster-scoped objects. */
 export function objectKey(obj: KubeObject): string {
@@ -60,12 +60,11 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
   private synced = false;
   private controller?: AbortController;
   private running?: Promise<void>;
-  private resyncTimer?: ReturnType<typeof setInterval>;
   private readonly log: Logger;
   /** The list/watch loop. */
   readonly reflector: Reflector<T>;
 
-  constructor(client: KubeClient, readonly path: string, private readonly opts: InformerOptions = {}) {
+  constructor(client: KubeClient, readonly path: string, opts: InformerOptions = {}) {
     this.reflector = new Reflector<T>(client, this, { ...opts, path });
     this.log = log.with({ informer: opts.name ?? path });
   }
@@ -137,22 +136,16 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
       else signal.addEventListener("abort", () => ctl.abort(), { once: true });
     }
     this.running = this.reflector.run(ctl.signal).catch((e) => this.log.error("Reflector stopped", e));
-    const resync = this.opts.resyncMs ?? 0;
-    if (resync > 0) {
-      this.resyncTimer = setInterval(() => this.resync(), resync);
-      ctl.signal.addEventListener("abort", () => clearInterval(this.resyncTimer), { once: true });
-    }
   }
 
   /** Stops list/watch and resync; resolves when the loop has ended. */
   async stop(): Promise<void> {
     this.controller?.abort();
-    if (this.resyncTimer !== undefined) clearInterval(this.resyncTimer);
     await this.running;
     this.running = undefined;
   }
 
-  /** Re-delivers every cached object as onUpdate(obj, obj). */
+  /** Re-delivers every cached object as onUpdate(obj, obj) (the reflector calls it every resyncMs). */
   resync(): void {
     if (!this.synced) return;
     for (const obj of this.cache.values()) this.dispatch("onUpdate", (h) => h.onUpdate?.(obj, obj));

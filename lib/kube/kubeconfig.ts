@@ -3,15 +3,24 @@
  * in-cluster service account, with `--master` overriding the server.
  *
  * Our own small loader (npm:yaml) handles servers, CA files and data, insecure-skip-tls-verify, client
- * certificates and keys (files or data; PKCS#8, SEC1 and PKCS#1 PEM keys), tokens, tokenFile and basic auth.
- * Users with `exec` credential plugins or an `auth-provider` are delegated to client-node's KubeConfig,
- * imported lazily so that only those users pay its start-up cost. Every problem is reported as one
- * {@link KubeConfigError} with a message an operator can act on.
+ * certificates and keys (files or data; PKCS#8, SEC1 and PKCS#1 PEM keys), tokens, tokenFile, basic auth,
+ * `exec` credential plugins (run by us, ./exec_credential.ts), `proxy-url` and impersonation (`as`,
+ * `as-uid`, `as-groups`, `as-user-extra`). `tls-server-name` is refused with a clear message (Deno's fetch
+ * cannot verify against a name other than the URL's). An `auth-provider` user fails as in upstream
+ * kube-proxy v1.35, which registers no auth-provider plugins: `no Auth Provider found for name "oidc"`.
+ * Every problem is reported as one {@link KubeConfigError} with a message an operator can act on.
  * @module
  */
 
 import { parse as parseYaml } from "yaml";
 import { log } from "../log.ts";
+import {
+  checkPluginAllowed,
+  ExecAuthenticator,
+  type ExecCluster,
+  execConfigFrom,
+  validateExecConfig,
+} from "./exec_credential.ts";
 
 /** A kubeconfig or in-cluster configuration problem; main.ts prints the message and exits 1. */
 export class KubeConfigError extends Error {
@@ -20,9 +29,6 @@ export class KubeConfigError extends Error {
     this.name = "KubeConfigError";
   }
 }
-
-/** Supplies extra request headers (e.g. Authorization from an exec plugin); called before each request. */
-export type AuthHeaderSource = () => Promise<Record<string, string>>;
 
 /** Everything needed to open connections to the API server. */
 export interface RestConfig {
@@ -42,8 +48,12 @@ export interface RestConfig {
   /** Basic auth. */
   username?: string;
   password?: string;
-  /** Headers from exec / auth-provider plugins (client-node, loaded lazily). */
-  authHeaders?: AuthHeaderSource;
+  /** An exec credential plugin (token and/or client certificate), when the user has no other credential. */
+  exec?: ExecAuthenticator;
+  /** `proxy-url` of the cluster: an http, https or socks5 proxy for every request. */
+  proxyUrl?: string;
+  /** Impersonation (`as`, `as-uid`, `as-groups`, `as-user-extra`), sent as Impersonate-* headers. */
+  impersonate?: { user?: string; uid?: string; groups: string[]; extra: Record<string, string[]> };
   /** Where this came from, for logs: a file path or "in-cluster". */
   source: string;
 }
@@ -271,8 +281,95 @@ export async function loadKubeconfigFile(path: string): Promise<RestConfig> {
     cfg.username = String(user.username);
     cfg.password = String(user.password ?? "");
   }
-  if (user.exec || user["auth-provider"]) {
-    cfg.authHeaders = await pluginAuth(path, text, user.exec ? "exec" : "auth-provider");
+  if (cluster["tls-server-name"]) {
+    // Deno's fetch cannot set the TLS server name apart from the URL's host; failing beats verifying
+    // against the wrong name.
+    throw new KubeConfigError(
+      `invalid configuration: tls-server-name of cluster "${context.cluster}" (${path}) is not supported; ` +
+        "use a server URL whose host name is in the API server's certificate",
+    );
+  }
+  if (cluster["proxy-url"]) {
+    const raw = String(cluster["proxy-url"]);
+    let u: URL;
+    try {
+      u = new URL(raw);
+    } catch {
+      throw new KubeConfigError(
+        `invalid configuration: proxy-url ${JSON.stringify(raw)} in ${path} is not a URL`,
+      );
+    }
+    if (!["http:", "https:", "socks5:"].includes(u.protocol)) {
+      // client-go's ValidateProxyURL accepts exactly these schemes.
+      throw new KubeConfigError(
+        `invalid configuration: proxy-url ${raw} in ${path}: unsupported scheme "${
+          u.protocol.slice(0, -1)
+        }", must be http, https, or socks5`,
+      );
+    }
+    if (cfg.insecure) {
+      throw new KubeConfigError(
+        `invalid configuration (${path}): proxy-url together with insecure-skip-tls-verify is not supported`,
+      );
+    }
+    cfg.proxyUrl = raw;
+  }
+  if (user.as || user["as-uid"] || user["as-groups"] || user["as-user-extra"]) {
+    const extra: Record<string, string[]> = {};
+    for (const [k, v] of Object.entries((user["as-user-extra"] ?? {}) as Record<string, unknown>)) {
+      extra[k] = (Array.isArray(v) ? v : [v]).map(String);
+    }
+    cfg.impersonate = {
+      user: user.as ? String(user.as) : undefined,
+      uid: user["as-uid"] ? String(user["as-uid"]) : undefined,
+      groups: (Array.isArray(user["as-groups"]) ? user["as-groups"] : []).map(String),
+      extra,
+    };
+  }
+  const userName = context.user ? `"${context.user}"` : "the user";
+  if (user.exec && user["auth-provider"]) {
+    throw new KubeConfigError(
+      `invalid configuration: authProvider cannot be provided in combination with an exec plugin for ${userName} (${path})`,
+    );
+  }
+  if (user["auth-provider"] && /^http:/i.test(String(cfg.server).trim())) {
+    // Upstream reads no credentials at all for a plain-http server, so the provider is never consulted.
+    log.warn("Kubeconfig user has an auth-provider, which is ignored for a plain-http server", { path });
+  } else if (user["auth-provider"]) {
+    // Upstream kube-proxy links no auth-provider plugin (client-go's gcp/azure are gone, oidc is not
+    // imported), so client creation fails with exactly this message.
+    const name = String(user["auth-provider"]?.name ?? "");
+    throw new KubeConfigError(
+      `no Auth Provider found for name "${name}" (user ${userName} in ${path}; kube-proxy has no auth-provider ` +
+        "plugins: use an exec credential plugin, a token or a client certificate)",
+    );
+  }
+  if (user.exec) {
+    const errs = validateExecConfig(user.exec, context.user ?? "");
+    if (errs.length > 0) {
+      throw new KubeConfigError(`invalid configuration (${path}): ${errs.join("; ")}`);
+    }
+    if (cfg.token || cfg.tokenFile || cfg.username !== undefined || cfg.certPem) {
+      // client-go: a token, basic auth or a client certificate takes precedence; the plugin never runs.
+      log.v(2).info("Kubeconfig user has other credentials; its exec plugin is not used", { path });
+    } else {
+      const exec = execConfigFrom(user.exec, dir);
+      const denied = checkPluginAllowed(exec.command);
+      if (denied) throw new KubeConfigError(`invalid configuration (${path}): ${denied}`);
+      const ext = Array.isArray(cluster.extensions)
+        ? (cluster.extensions as { name?: string; extension?: unknown }[])
+          .find((e) => e?.name === "client.authentication.k8s.io/exec")?.extension
+        : undefined;
+      const info: ExecCluster = { server: String(cfg.server) };
+      if (cluster["tls-server-name"]) info["tls-server-name"] = String(cluster["tls-server-name"]);
+      if (cfg.insecure) info["insecure-skip-tls-verify"] = true;
+      if (cfg.caPem) info["certificate-authority-data"] = btoa(cfg.caPem);
+      if (cluster["proxy-url"]) info["proxy-url"] = String(cluster["proxy-url"]);
+      if (cluster["disable-compression"] === true) info["disable-compression"] = true;
+      if (ext !== undefined) info.config = ext;
+      cfg.exec = new ExecAuthenticator(exec, info);
+      log.info("Kubeconfig user uses an exec credential plugin", { path, plugin: exec.command });
+    }
   }
   return cfg;
 }
@@ -320,37 +417,4 @@ async function pemFrom(
     );
   }
   return pem;
-}
-
-/** Loads client-node lazily and returns a header source backed by its exec / auth-provider support. */
-async function pluginAuth(path: string, text: string, what: string): Promise<AuthHeaderSource> {
-  log.info("Kubeconfig user uses a credential plugin; loading @kubernetes/client-node", { kind: what, path });
-  let mod: typeof import("@kubernetes/client-node");
-  try {
-    mod = await import("@kubernetes/client-node");
-  } catch (e) {
-    throw new KubeConfigError(
-      `invalid configuration: ${what} in ${path} needs @kubernetes/client-node: ${msg(e)}`,
-    );
-  }
-  const kc = new mod.KubeConfig();
-  try {
-    kc.loadFromString(text);
-  } catch (e) {
-    throw new KubeConfigError(`invalid configuration: client-node could not load ${path}: ${msg(e)}`);
-  }
-  return async () => {
-    const opts: { headers?: Record<string, string> } = { headers: {} };
-    // applyAuthorizationHeader runs the exec plugin / auth provider without building an agent (which
-    // refuses plain-http servers); fall back to the public applyToHTTPSOptions if it is ever renamed.
-    // deno-lint-ignore no-explicit-any
-    const k = kc as any;
-    if (typeof k.applyAuthorizationHeader === "function") await k.applyAuthorizationHeader(opts);
-    else await k.applyToHTTPSOptions(opts);
-    const out: Record<string, string> = {};
-    for (const [k, v] of Object.entries(opts.headers ?? {})) {
-      if (k.toLowerCase() === "authorization" && typeof v === "string") out["Authorization"] = v;
-    }
-    return out;
-  };
 }

@@ -1,17 +1,32 @@
 /**
- * List-then-watch loop for one resource, as client-go's Reflector.
+ * List-then-watch loop for one resource, as client-go's Reflector (tools/cache/reflector.go, v0.35), with
+ * its timing:
  *
- * - The list is paginated (`limit`, default 500, then `continue`); the first list asks for
- *   `resourceVersion=0` (servable from the watch cache), a relist after 410 asks for a consistent read
- *   (`resourceVersion` unset), any other relist for the last resourceVersion seen.
- * - The watch starts from the list's resourceVersion with `allowWatchBookmarks=true` and a random
- *   `timeoutSeconds` in [minWatchTimeout, 2*minWatchTimeout) (300-600 s as client-go).
- * - A clean end of the stream re-watches from the last resourceVersion seen (bookmarks included), no list.
- * - 410 Gone/Expired (HTTP, or an ERROR event with code 410) gives exactly one relist; so does a 504
- *   "Too large resource version" (the server is behind us: restored from a backup, or replaced), with no
- *   resourceVersion, as client-go does.
- * - Network errors, 5xx, 429, 401/403 and an inactive (half-open) stream back off exponentially with jitter
- *   (800 ms doubling to 30 s by default), then re-watch; a malformed line is logged and answered by a relist.
+ * - `run` is client-go's `wait.BackoffUntil(ListAndWatch, backoffManager, sliding=true)`: every time
+ *   list-and-watch returns (an error, a watch that ended with an error, a 410), the loop waits the next
+ *   backoff step before it lists again. The backoff is `NewExponentialBackoffManager(800ms, 30s, 2m, 2.0,
+ *   1.0)`: 0.8, 1.6, 3.2 ... 25.6 s then 30 s, each multiplied by a random factor in [1, 2) (so the
+ *   waits stop at [30, 60) s, as client-go's comment says), and back to 0.8 s when the previous wait began
+ *   more than 2 minutes ago. Success does not reset it; only those 2 quiet minutes do.
+ * - The list is paginated (`limit`, default 500, then `continue`); it asks for `resourceVersion=0` while
+ *   nothing has been seen yet, then for the last resourceVersion seen. A relist at a resourceVersion other
+ *   than 0 goes without `limit` (unless `pageSize` is set or the first list came in pages), as client-go's
+ *   pager: with a limit the API server would read that exact, possibly compacted, revision from etcd
+ *   instead of answering from its watch cache at least as fresh, and a watch from that old revision after
+ *   an API server restart is 410 again, for ever. A list answered 410 Expired or "Too
+ *   large resource version" (the server is behind us: restored from a backup, or replaced) is repeated at
+ *   once without a resourceVersion (a consistent read); the latter is a history reset for the store.
+ * - The watch starts from the last resourceVersion with `allowWatchBookmarks=true` and a random
+ *   `timeoutSeconds` in [minWatchTimeout, 2*minWatchTimeout) (300-600 s as client-go). A stream that ends
+ *   (timeout, closed or broken connection, silent for longer than its inactivity limit) is re-watched at
+ *   once from the last resourceVersion, no list; one that ends within a second without a single event is a
+ *   "very short watch" and goes back through the backoff and a list.
+ * - A watch request refused at the TCP level, or answered 429, waits one backoff step and re-watches
+ *   without listing (client-go's isWatchErrorRetriable); so does a 429 ERROR event in the stream.
+ * - Any other watch failure (an HTTP error such as 500 or 401/403, a 410, an ERROR event, a malformed
+ *   line) ends list-and-watch: backoff, then list again.
+ * - While a watch runs, `resyncMs` (the informer's resync period) re-delivers the store's objects; the
+ *   timer starts again with every list-and-watch, as client-go's watchWithResync.
  * @module
  */
 
@@ -24,6 +39,7 @@ import {
   WatchDecodeError,
   WatchInactivityError,
 } from "./client.ts";
+import { ApiConnectionError } from "./net_errors.ts";
 
 /** Receives what the reflector learns; the Informer implements it. */
 export interface ReflectorStore<T> {
@@ -36,19 +52,33 @@ export interface ReflectorStore<T> {
   upsert(obj: T): void;
   /** DELETED from the watch (the object's last state). */
   remove(obj: T): void;
+  /** Every `resyncMs` while watching: re-deliver the cached objects. */
+  resync?(): void;
 }
 
-/** Exponential backoff settings. */
+/** Exponential backoff settings (client-go's NewExponentialBackoffManager arguments). */
 export interface BackoffOptions {
   /** First delay (default 800 ms). */
   initialMs?: number;
-  /** Cap (default 30 000 ms). */
+  /** Cap of the delay before jitter (default 30 000 ms). */
   maxMs?: number;
   /** Growth factor (default 2). */
   factor?: number;
-  /** Random extra fraction of the delay, 0..1 (default 1, as client-go). */
+  /** Random extra fraction of the delay, 0..1 (default 1: the delay times [1, 2)). */
   jitter?: number;
+  /** Back to `initialMs` when the previous step was taken longer ago than this (default 120 000 ms). */
+  resetMs?: number;
 }
+
+/** Time for the reflector: a monotonic clock in ms and an abortable sleep. Tests use a fake one. */
+export interface ReflectorClock {
+  now(): number;
+  /** Resolves after `ms`, or at once when `signal` aborts. */
+  sleep(ms: number, signal: AbortSignal): Promise<void>;
+}
+
+/** The real clock: performance.now() and setTimeout. */
+export const realClock: ReflectorClock = { now: () => performance.now(), sleep };
 
 /** Options of {@link Reflector}. */
 export interface ReflectorOptions {
@@ -65,29 +95,57 @@ export interface ReflectorOptions {
   /** Overrides the inactivity timeout entirely (ms). */
   inactivityMs?: number;
   backoff?: BackoffOptions;
+  /** Resync period while watching, in ms (configSyncPeriod); 0 or unset: never. */
+  resyncMs?: number;
+  /** Clock (tests inject a fake one). */
+  clock?: ReflectorClock;
+  /** Random numbers in [0, 1) for jitter and watch timeouts (tests inject them). */
+  random?: () => number;
   /** Name for logs (default the path). */
   name?: string;
 }
 
-/** Exponential backoff with jitter. */
+/**
+ * client-go's exponential backoff manager (apimachinery wait.NewExponentialBackoffManager with
+ * wait.Backoff{Duration: initial, Factor, Jitter, Cap, Steps: MaxInt32}): each step returns the current
+ * duration with jitter (`d + rand*jitter*d`) and multiplies the duration by the factor until it would pass
+ * the cap, after which the cap (with jitter) is returned for ever. A step taken more than `resetMs` after
+ * the previous one starts again from the initial duration.
+ */
 export class Backoff {
-  private attempt = 0;
   private readonly o: Required<BackoffOptions>;
+  private duration: number;
+  private capped = false;
+  private lastStart: number;
 
-  constructor(o: BackoffOptions = {}) {
-    this.o = { initialMs: 800, maxMs: 30_000, factor: 2, jitter: 1, ...o };
+  constructor(
+    o: BackoffOptions = {},
+    private readonly clock: Pick<ReflectorClock, "now"> = realClock,
+    private readonly random: () => number = Math.random,
+  ) {
+    this.o = { initialMs: 800, maxMs: 30_000, factor: 2, jitter: 1, resetMs: 120_000, ...o };
+    this.duration = this.o.initialMs;
+    this.lastStart = clock.now();
   }
 
   /** The next delay in ms. */
   next(): number {
-    const base = Math.min(this.o.maxMs, this.o.initialMs * this.o.factor ** this.attempt);
-    this.attempt++;
-    return Math.min(this.o.maxMs, base + base * this.o.jitter * Math.random());
-  }
-
-  /** Back to the initial delay. */
-  reset(): void {
-    this.attempt = 0;
+    const now = this.clock.now();
+    if (now - this.lastStart > this.o.resetMs) {
+      this.duration = this.o.initialMs;
+      this.capped = false;
+    }
+    this.lastStart = now;
+    const d = this.duration;
+    if (!this.capped && this.o.factor !== 0) {
+      let next = d * this.o.factor;
+      if (this.o.maxMs > 0 && next > this.o.maxMs) {
+        next = this.o.maxMs;
+        this.capped = true;
+      }
+      this.duration = next;
+    }
+    return this.o.jitter > 0 ? d + this.random() * this.o.jitter * d : d;
   }
 }
 
@@ -119,104 +177,224 @@ function isTooLargeResourceVersion(e: unknown): boolean {
     /too large resource version/i.test(e.message);
 }
 
+/** A watch that ended within a second without any event (client-go's VeryShortWatchError). */
+export class VeryShortWatchError extends Error {
+  constructor(name: string) {
+    super(
+      `very short watch: ${name}: Unexpected watch close - watch lasted less than a second and no items received`,
+    );
+    this.name = "VeryShortWatchError";
+  }
+}
+
+/** A failed list, named as client-go's "failed to list <type>: <cause>". */
+export class ListError extends Error {
+  constructor(name: string, cause: unknown) {
+    super(`failed to list ${name}: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    this.name = "ListError";
+  }
+}
+
+/** client-go's isWatchErrorRetriable: re-watch after a backoff step, without a list. */
+function isWatchRetriable(e: unknown): boolean {
+  return (e instanceof ApiConnectionError && e.kind === "refused") ||
+    (e instanceof KubeApiError && e.code === 429);
+}
+
 /** Runs list/watch for one resource into a {@link ReflectorStore}. */
 export class Reflector<T extends KubeObject> {
   /** resourceVersion of the last list, event or bookmark. */
   lastResourceVersion = "";
   /** Counters, for tests and metrics. */
-  readonly counts = { lists: 0, watches: 0, events: 0, bookmarks: 0, errors: 0 };
+  readonly counts = { lists: 0, watches: 0, events: 0, bookmarks: 0, errors: 0, resyncs: 0 };
   private readonly log: Logger;
   private readonly backoff: Backoff;
+  private readonly clock: ReflectorClock;
+  private readonly random: () => number;
+  private readonly name: string;
+  /** The last resourceVersion cannot be served (410 or too large on a list): list without one. */
+  private rvUnavailable = false;
+  /** The first list (resourceVersion=0) came in pages: the server ignores the watch cache, keep paging. */
+  private paginatedResult = false;
 
   constructor(
     private readonly client: KubeClient,
     private readonly store: ReflectorStore<T>,
     private readonly opts: ReflectorOptions,
   ) {
-    this.log = log.with({ reflector: opts.name ?? opts.path });
-    this.backoff = new Backoff(opts.backoff);
+    this.name = opts.name ?? opts.path;
+    this.log = log.with({ reflector: this.name });
+    this.clock = opts.clock ?? realClock;
+    this.random = opts.random ?? Math.random;
+    this.backoff = new Backoff(opts.backoff, this.clock, this.random);
   }
 
   private selectors(): Query {
     return { labelSelector: this.opts.labelSelector, fieldSelector: this.opts.fieldSelector };
   }
 
+  /** Waits the next backoff step; `announce` gets its length (ms, rounded) first. */
+  private async wait(signal: AbortSignal, announce?: (ms: number) => void): Promise<void> {
+    const ms = this.backoff.next();
+    announce?.(Math.round(ms));
+    await this.clock.sleep(ms, signal);
+  }
+
   /** Lists and watches until `signal` aborts. Never throws for API or network errors. */
   async run(signal: AbortSignal): Promise<void> {
-    let needList = true;
-    let listRv = "0";
-    let historyReset = false;
+    this.log.v(3).info("Starting reflector", { resyncPeriod: this.opts.resyncMs ?? 0 });
     while (!signal.aborted) {
       try {
-        if (needList) {
-          await this.listAll(listRv, signal, historyReset);
-          needList = false;
-          historyReset = false;
-          this.backoff.reset();
-        }
-        const started = performance.now();
-        const got = await this.watchOnce(signal);
-        if (signal.aborted) break;
-        if (got > 0) this.backoff.reset();
-        else if (performance.now() - started < 1000) {
-          // The server closed an empty watch at once: do not spin.
-          await sleep(this.backoff.next(), signal);
-        }
+        await this.listAndWatch(signal);
       } catch (e) {
         if (signal.aborted) break;
         this.counts.errors++;
-        if (isExpired(e)) {
-          this.log.info("Watch or list expired (410), relisting", {
-            resourceVersion: this.lastResourceVersion,
-          });
-          needList = true;
-          listRv = "";
-          continue;
-        }
-        if (isTooLargeResourceVersion(e)) {
-          this.log.info("API server is behind our resourceVersion (restored or replaced?), relisting", {
-            resourceVersion: this.lastResourceVersion,
-          });
-          needList = true;
-          listRv = "";
-          historyReset = true;
-          continue;
-        }
-        if (e instanceof WatchDecodeError) {
-          this.log.error("Malformed watch event, relisting", e, {});
-          needList = true;
-          listRv = this.lastResourceVersion || "0";
-          await sleep(this.backoff.next(), signal);
-          continue;
-        }
-        const delay = this.backoff.next();
-        if (e instanceof KubeApiError && (e.code === 401 || e.code === 403)) {
-          this.log.error("API server refused access; will retry", e, { retryInMs: Math.round(delay) });
-        } else if (e instanceof WatchInactivityError) {
-          this.log.warn("Watch stream went silent, reconnecting", { err: e, retryInMs: Math.round(delay) });
-        } else if (e instanceof KubeApiError) {
-          this.log.warn(needList ? "List failed, retrying" : "Watch failed, retrying", {
-            err: e,
-            code: e.code,
-            retryInMs: Math.round(delay),
-          });
-        } else {
-          this.log.warn(needList ? "List failed, retrying" : "Watch connection failed, retrying", {
-            err: e,
-            retryInMs: Math.round(delay),
-          });
-        }
-        await sleep(delay, signal);
+        this.watchErrorHandler(e);
+      }
+      if (signal.aborted) break;
+      // wait.BackoffUntil with sliding=true: a backoff step after every return of list-and-watch.
+      await this.wait(signal, (ms) => this.log.v(2).info("Listing again after backoff", { retryInMs: ms }));
+    }
+    this.log.v(3).info("Stopping reflector");
+  }
+
+  /** client-go's DefaultWatchErrorHandler: how an error that ended list-and-watch is logged. */
+  private watchErrorHandler(e: unknown): void {
+    const cause = e instanceof ListError ? e.cause : e;
+    if (isExpired(cause)) {
+      this.log.v(4).info("Watch closed", { err: e });
+    } else if (cause instanceof KubeApiError && (cause.code === 401 || cause.code === 403)) {
+      this.log.error("Failed to watch: the API server refused access", e);
+    } else {
+      this.log.error("Failed to watch", e);
+    }
+  }
+
+  /** One ListAndWatch: list, then watch (re-watching after clean ends) until a watch fails. */
+  private async listAndWatch(signal: AbortSignal): Promise<void> {
+    try {
+      await this.list(signal);
+    } catch (e) {
+      throw new ListError(this.name, e);
+    }
+    if (signal.aborted) return;
+    this.log.v(2).info("Caches populated");
+    const resync = new AbortController();
+    const onAbort = () => resync.abort();
+    signal.addEventListener("abort", onAbort, { once: true });
+    const resyncMs = this.opts.resyncMs ?? 0;
+    if (resyncMs > 0) void this.resyncLoop(resyncMs, resync.signal);
+    try {
+      await this.watch(signal);
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+      resync.abort();
+    }
+  }
+
+  private async resyncLoop(ms: number, signal: AbortSignal): Promise<void> {
+    while (!signal.aborted) {
+      await this.clock.sleep(ms, signal);
+      if (signal.aborted) return;
+      this.log.v(4).info("Forcing resync");
+      this.counts.resyncs++;
+      try {
+        this.store.resync?.();
+      } catch (e) {
+        this.log.error("Resync failed", e);
       }
     }
   }
 
-  private async listAll(rv: string, signal: AbortSignal, historyReset = false): Promise<void> {
+  /** The resourceVersion a list asks for (client-go's relistResourceVersion). */
+  private relistResourceVersion(): string {
+    if (this.rvUnavailable) return "";
+    return this.lastResourceVersion || "0";
+  }
+
+  private async list(signal: AbortSignal): Promise<void> {
+    try {
+      await this.listAll(this.relistResourceVersion(), signal, false);
+    } catch (e) {
+      if (signal.aborted) return;
+      const tooLarge = isTooLargeResourceVersion(e);
+      if (!isExpired(e) && !tooLarge) throw e;
+      // The resourceVersion is gone (compacted) or the server is behind it (restored or replaced): list
+      // again at once, without one. After "too large" every object is new history.
+      this.rvUnavailable = true;
+      this.log.info(
+        tooLarge
+          ? "API server is behind our resourceVersion (restored or replaced?), relisting"
+          : "List resourceVersion expired, relisting",
+        { resourceVersion: this.lastResourceVersion },
+      );
+      await this.listAll("", signal, tooLarge);
+    }
+    this.rvUnavailable = false;
+  }
+
+  /**
+   * Watches until a watch fails in a way that needs a new list (returns, or throws for the error
+   * handler), re-watching after streams that end cleanly.
+   */
+  private async watch(signal: AbortSignal): Promise<void> {
+    while (!signal.aborted) {
+      const start = this.clock.now();
+      let opened = false;
+      let events = 0;
+      try {
+        events = await this.watchOnce(signal, () => opened = true, () => events++);
+      } catch (e) {
+        if (signal.aborted) return;
+        if (!opened && isWatchRetriable(e)) {
+          this.counts.errors++;
+          // Connection refused or 429 on the request: most likely the API server is down or busy; the
+          // watch can resume where it ended, so back off and watch again without a list. client-go logs
+          // this at V(4); we warn, with the cause, so that an operator sees why no updates arrive.
+          await this.wait(
+            signal,
+            (ms) => this.log.warn("Watch failed - backing off", { err: e, retryInMs: ms }),
+          );
+          continue;
+        }
+        if (!opened) throw e;
+        if (isExpired(e)) {
+          this.log.v(4).info("Watch closed", { err: e });
+          return;
+        }
+        if (e instanceof KubeApiError && e.code === 429) {
+          this.counts.errors++;
+          this.log.v(2).info("Watch returned 429 - backing off");
+          await this.wait(signal);
+          continue;
+        }
+        if (e instanceof WatchInactivityError) {
+          // Silent for longer than timeoutSeconds plus a margin (a half-open connection): watch again.
+          this.log.warn("Watch stream went silent, reconnecting", { err: e });
+          continue;
+        }
+        if (e instanceof ApiConnectionError) {
+          // The stream broke: like a closed stream, watch again from where it stopped.
+          this.log.v(2).info("Watch stream ended", { err: e });
+        } else {
+          // An ERROR event (e.g. 500) or a malformed line: back off, then list again.
+          this.counts.errors++;
+          this.log.warn("Warning: watch ended with error", { err: e });
+          return;
+        }
+      }
+      if (signal.aborted) return;
+      if (events === 0 && this.clock.now() - start < 1000) throw new VeryShortWatchError(this.name);
+    }
+  }
+
+  private async listAll(rv: string, signal: AbortSignal, historyReset: boolean): Promise<void> {
     this.counts.lists++;
     const items: T[] = [];
     let cont: string | undefined;
     let listRv = "";
-    const limit = this.opts.pageSize ?? 500;
+    const limit = this.opts.pageSize ??
+      (this.paginatedResult || rv === "" || rv === "0" ? 500 : 0);
     do {
       const page = await this.client.list<T>(
         this.opts.path,
@@ -230,6 +408,7 @@ export class Reflector<T extends KubeObject> {
       );
       if (page.items) { for (const it of page.items) items.push(it); }
       cont = page.metadata?.continue || undefined;
+      if (cont && rv === "0") this.paginatedResult = true;
       listRv = page.metadata?.resourceVersion ?? listRv;
     } while (cont && !signal.aborted);
     if (signal.aborted) return;
@@ -238,11 +417,14 @@ export class Reflector<T extends KubeObject> {
     this.store.replace(items, listRv, historyReset);
   }
 
-  /** One watch; returns the number of events (including bookmarks) when the stream ends cleanly. */
-  private async watchOnce(signal: AbortSignal): Promise<number> {
+  /**
+   * One watch from the last resourceVersion; returns the number of events (bookmarks included) when the
+   * stream ends cleanly. `onOpen` runs once the server accepted the request, `onEvent` for every event.
+   */
+  private async watchOnce(signal: AbortSignal, onOpen: () => void, onEvent: () => void): Promise<number> {
     this.counts.watches++;
     const min = this.opts.minWatchTimeoutSeconds ?? 300;
-    const timeoutSeconds = Math.floor(min * (1 + Math.random()));
+    const timeoutSeconds = Math.floor(min * (1 + this.random()));
     const inactivityMs = this.opts.inactivityMs ??
       timeoutSeconds * 1000 + (this.opts.inactivityMarginMs ?? 30_000);
     let n = 0;
@@ -255,10 +437,11 @@ export class Reflector<T extends KubeObject> {
         timeoutSeconds,
       },
       signal,
-      { inactivityMs },
+      { inactivityMs, onOpen },
     );
     for await (const ev of stream) {
       n++;
+      onEvent();
       const obj = ev.object;
       switch (ev.type) {
         case "ADDED":

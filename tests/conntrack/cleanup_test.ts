@@ -9,7 +9,8 @@ import {
 } from "../../lib/conntrack/cleanup.ts";
 import { configureLogging } from "../../lib/log.ts";
 import { makeState, snapshot } from "../../testkit/fixtures.ts";
-import { canUseNetns, withNetns } from "../../testkit/netns.ts";
+import { netnsUnavailableReason, withNetns } from "../../testkit/netns.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -82,9 +83,8 @@ Deno.test("IPv6 spellings are compared canonically", () => {
   assert.deepEqual(parseConntrackList(out, "IPv4"), []);
 });
 
-Deno.test({
+privilegedTest(netnsUnavailableReason(), {
   name: "netns: real UDP conntrack entries, only the stale ones are deleted",
-  ignore: !canUseNetns(),
   fn: () =>
     withNetns(async (runner) => {
       const ins = (s: string, sp: number, d: string, dp: number, rs: string, rsp: number) =>

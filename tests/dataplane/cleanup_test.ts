@@ -10,7 +10,8 @@ import { isKubeProxyChain } from "../../lib/dataplane/iptables/mode.ts";
 import { cleanupAllModes, cleanupOtherModes } from "../../lib/modes.ts";
 import { configureLogging, log } from "../../lib/log.ts";
 import { overallFixture, snapshot } from "../../testkit/fixtures.ts";
-import { canUseNetns, withNetns } from "../../testkit/netns.ts";
+import { netnsUnavailableReason, withNetns } from "../../testkit/netns.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -40,10 +41,9 @@ Deno.test("cleanup payload: jumps deleted, KUBE chains flushed and removed, kube
   );
 });
 
-Deno.test({
+privilegedTest(netnsUnavailableReason(), {
   name:
     "netns: --cleanup removes every kube-proxy chain (both backends, both families), ipsets, nft tables; idempotent",
-  ignore: !canUseNetns(),
   fn: () =>
     withNetns(async (runner) => {
       for (const backend of ["legacy", "nft"] as const) {
@@ -152,10 +152,9 @@ async function natChains(runner: import("../../lib/exec.ts").CommandRunner): Pro
   return out.split("\n").filter((l) => l.startsWith(":KUBE-")).map((l) => l.slice(1, l.indexOf(" ")));
 }
 
-Deno.test({
+privilegedTest(netnsUnavailableReason(), {
   name:
     "netns: starting in iptables mode removes the nftables table and ipvs leftovers, keeps its own chains",
-  ignore: !canUseNetns(),
   fn: () =>
     withNetns(async (runner) => {
       const dummy = await plantLeftovers(runner);
@@ -195,9 +194,8 @@ Deno.test({
     }),
 });
 
-Deno.test({
+privilegedTest(netnsUnavailableReason(), {
   name: "netns: starting in ipvs mode removes only the iptables mode's own chains; nftables mode removes all",
-  ignore: !canUseNetns(),
   fn: () =>
     withNetns(async (runner) => {
       await plantLeftovers(runner);

@@ -14,13 +14,13 @@ import {
   runInIpvsVm,
 } from "../../testkit/ipvs_vm.ts";
 import { PROJECT_ROOT } from "../../testkit/agent_command.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = ipvsVmUnavailableReason();
 if (unavailable) console.log(`ipvs VM tests skipped: ${unavailable}`);
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "ipvs VM: every *_vmtest.ts passes inside a VM with a real IPVS kernel",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {

@@ -27,6 +27,7 @@ import {
   refOf,
 } from "../../testkit/kube_apiserver.ts";
 import type { KubeObject } from "../../lib/kube/types.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 /** How long the agent waits for its Node before exiting (NodeManager's default waitTimeoutMs). */
@@ -167,9 +168,8 @@ Deno.test("manifests: the DaemonSet's service account is bound to system:node-pr
 
 // Server-side dry run with strict field validation: the real kube-apiserver (scripts/build_k8s.sh) must accept
 // every object as written, in dependency order (namespace objects before the DaemonSet that uses them).
-Deno.test({
+privilegedTest(kubeApiServerUnavailableReason(), {
   name: "manifests: a real kube-apiserver accepts every manifest (server-side dry run, strict fields)",
-  ignore: kubeApiServerUnavailableReason() !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {

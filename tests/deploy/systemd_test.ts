@@ -10,6 +10,7 @@ import { decodeConfiguration, loadConfigFile } from "../../lib/config/load.ts";
 import { Options } from "../../lib/config/options.ts";
 import { validateConfiguration } from "../../lib/config/validate.ts";
 import { DEPLOY_DIR } from "../../testkit/deploy.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const UNIT = `${DEPLOY_DIR}kube-proxy.service`;
 const SAMPLE_CONFIG = `${DEPLOY_DIR}kube-proxy-config.yaml`;
@@ -113,9 +114,8 @@ async function verify(unitText: string): Promise<{ code: number; stdout: string;
   }
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "systemd: systemd-analyze verify accepts the unit without a warning",
-  ignore: unavailable !== undefined,
   fn: async () => {
     const r = await verify(Deno.readTextFileSync(UNIT));
     assert.equal(r.code, 0, r.stderr);
@@ -123,9 +123,8 @@ Deno.test({
   },
 });
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "systemd: the verify check catches a misspelt or invalid directive",
-  ignore: unavailable !== undefined,
   fn: async () => {
     const text = Deno.readTextFileSync(UNIT);
     for (const bad of ["ProtectSytem=strict", "ProtectSystem=stricter", "RestrictAddressFamilies=AF_NOPE"]) {
@@ -136,9 +135,8 @@ Deno.test({
   },
 });
 
-Deno.test({
+privilegedTest(unavailable, {
   name: `systemd: systemd-analyze security rates the unit's exposure at most ${MAX_EXPOSURE}`,
-  ignore: unavailable !== undefined,
   fn: async () => {
     const root = await analyzeRoot(Deno.readTextFileSync(UNIT));
     try {

@@ -35,6 +35,7 @@ import {
   serviceChainLines,
   tally,
 } from "../packets/helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = sandboxUnavailableReason([
   "ip",
@@ -88,10 +89,9 @@ async function httpStatus(sb: Sandbox, ns: string, url: string): Promise<number>
   return Number(r.stdout.trim());
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name:
     "image: the assembled root runs every tool and the agent, which syncs a node namespace from inside it",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {

@@ -162,9 +162,16 @@ for (const expiredAs of ["event", "http"] as const) {
     try {
       await inf.waitForSync();
       await waitFor(() => sim.openWatches() === 1, "watch");
-      sim.faults.failNext(1_000_000, 503, { kind: "watch" });
+      // An event first: a watch that ends within a second without any is a "very short watch", which
+      // client-go (and we) answer with a list.
+      sim.upsert("services", svc("ns", "c", "10.96.0.98"));
+      await waitFor(() => inf.get("ns/c")?.spec?.clusterIP === "10.96.0.98", "event");
+      const lastRv = inf.lastResourceVersion;
+      // 429 keeps the watch down without a list (client-go backs off and re-watches); a 5xx would relist.
+      sim.faults.failNext(1_000_000, 429, { kind: "watch" });
       sim.faults.dropWatches();
       await waitFor(() => sim.stats.count("watch") >= 3, "failing re-watches");
+      assert.equal(sim.stats.lists("services"), 1, "no list while the watch is refused with 429");
       sim.delete("services", "ns", "a");
       sim.upsert("services", svc("ns", "b", "10.96.0.99"));
       sim.upsert("services", svc("ns", "d"));
@@ -175,7 +182,11 @@ for (const expiredAs of ["event", "http"] as const) {
       assert.deepEqual(rec.events.toSorted(), ["add ns/d", "delete ns/a", "update ns/b"]);
       await waitFor(() => sim.openWatches() === 1, "watch again");
       assert.equal(sim.stats.lists("services"), 2, "exactly one relist");
-      assert.equal(sim.stats.listQueries.services[1].get("resourceVersion"), null, "consistent relist");
+      assert.equal(
+        sim.stats.listQueries.services[1].get("resourceVersion"),
+        lastRv,
+        "relist from the last resourceVersion seen, as client-go (not older than it)",
+      );
       assert.deepEqual(inf.list().map((s) => s.metadata?.name).sort(), ["b", "c", "d"]);
     } finally {
       await inf.stop();
@@ -217,9 +228,15 @@ Deno.test("informer: an API server behind our resourceVersion (restored or repla
       "delete ns/e",
       "update ns/a",
     ]);
-    assert.equal(second.stats.lists("services"), 1, "exactly one relist");
+    // As client-go: the watch from our resourceVersion is answered 504, the list from it too, and the list
+    // is repeated at once without a resourceVersion.
+    assert.equal(second.stats.lists("services"), 2, "one list refused as too new, one consistent list");
+    assert.ok(
+      Number(second.stats.listQueries.services[0].get("resourceVersion")) > second.rv,
+      "first list: from our resourceVersion",
+    );
     assert.equal(
-      second.stats.listQueries.services[0].get("resourceVersion"),
+      second.stats.listQueries.services[1].get("resourceVersion"),
       null,
       "relisted with no resourceVersion",
     );
@@ -316,7 +333,7 @@ Deno.test("informer: 401 is logged clearly and retried until the credentials wor
   }
 });
 
-Deno.test("informer: a malformed watch line is logged, answered by a relist, and the cache converges", async () => {
+Deno.test("informer: a malformed watch line is logged, answered by a relist (last resourceVersion, no limit), and the cache converges", async () => {
   await using env = await setup();
   const { sim, client } = env;
   sim.upsert("services", svc("ns", "a"));
@@ -330,7 +347,14 @@ Deno.test("informer: a malformed watch line is logged, answered by a relist, and
     sim.upsert("services", svc("ns", "b"));
     await waitFor(() => sim.stats.lists("services") === 2, "relist");
     await waitFor(() => inf.size === 2, "b");
-    assert.ok(logLines.some((l) => l.includes("Malformed watch event")));
+    assert.ok(
+      logLines.some((l) => l.includes("watch ended with error") && l.includes("malformed watch event")),
+    );
+    // The relist asks for at least the last resourceVersion, without a limit (client-go's pager): with
+    // one, kube-apiserver reads that exact revision from etcd instead of its watch cache.
+    const relist = sim.stats.listQueries.services[1];
+    assert.notEqual(relist.get("resourceVersion") ?? "0", "0");
+    assert.equal(relist.get("limit"), null);
     await waitFor(() => sim.openWatches() === 1, "watch");
     sim.upsert("services", svc("ns", "c"));
     await waitFor(() => inf.size === 3, "c");

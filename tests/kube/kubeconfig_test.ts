@@ -1,6 +1,8 @@
 import assert from "node:assert/strict";
 import { KubeConfigError, loadRestConfig } from "../../lib/kube/kubeconfig.ts";
-import "./helpers.ts";
+import { createKubeClient } from "../../lib/kube/client.ts";
+import { ApiServerSimulator } from "../../testkit/apiserver.ts";
+import { svc } from "./helpers.ts";
 
 const noEnv = () => undefined;
 
@@ -151,4 +153,100 @@ Deno.test("kubeconfig: relative certificate paths resolve against the kubeconfig
   );
   const c = await loadRestConfig({ kubeconfig: p, env: noEnv });
   assert.match(c.caPem!, /BEGIN CERTIFICATE/);
+});
+
+Deno.test("kubeconfig: as/as-uid/as-groups/as-user-extra become client-go's Impersonate-* headers", async () => {
+  const seen: Headers[] = [];
+  const srv = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, (req) => {
+    seen.push(req.headers);
+    return Response.json({ kind: "List", items: [], metadata: { resourceVersion: "1" } });
+  });
+  const kc = await Deno.makeTempFile({ suffix: ".yaml" });
+  await Deno.writeTextFile(
+    kc,
+    `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:${srv.addr.port}"}}]
+users:
+- name: u
+  user:
+    token: t
+    as: alice
+    as-uid: "1234"
+    as-groups: [devs, ops]
+    as-user-extra: {scopes: [view, edit]}
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`,
+  );
+  const client = await createKubeClient({ kubeconfig: kc, env: () => undefined }, { qps: 0 });
+  try {
+    await client.list("/api/v1/services");
+    const h = seen[0];
+    assert.equal(h.get("authorization"), "Bearer t");
+    assert.equal(h.get("impersonate-user"), "alice");
+    assert.equal(h.get("impersonate-uid"), "1234");
+    assert.equal(h.get("impersonate-group"), "devs, ops");
+    assert.equal(h.get("impersonate-extra-scopes"), "view, edit");
+  } finally {
+    client.close();
+    await srv.shutdown();
+  }
+});
+
+Deno.test("kubeconfig: proxy-url sends requests through the proxy; tls-server-name and bad proxy schemes are refused", async () => {
+  const sim = await ApiServerSimulator.start({ token: "t" });
+  sim.upsert("services", svc("ns", "a"));
+  // A minimal forward proxy for plain-http targets (absolute-form request targets).
+  let proxied = 0;
+  const proxy = Deno.serve({ port: 0, hostname: "127.0.0.1", onListen() {} }, async (req) => {
+    proxied++;
+    const res = await fetch(req.url, { headers: req.headers });
+    return new Response(await res.arrayBuffer(), { status: res.status, headers: res.headers });
+  });
+  const dir = await Deno.makeTempDir();
+  const write = async (name: string, cluster: string) => {
+    const p = `${dir}/${name}.yaml`;
+    await Deno.writeTextFile(
+      p,
+      `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {${cluster}}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`,
+    );
+    return p;
+  };
+  try {
+    const kc = await write("proxy", `server: "${sim.url}", proxy-url: "http://127.0.0.1:${proxy.addr.port}"`);
+    const client = await createKubeClient({ kubeconfig: kc, env: () => undefined }, { qps: 0 });
+    try {
+      const list = await client.list("/api/v1/services");
+      assert.equal(list.items?.length, 1);
+      assert.equal(proxied, 1, "the request went through the proxy");
+    } finally {
+      client.close();
+    }
+    const cases: [string, string, RegExp][] = [
+      [
+        "sni",
+        `server: "https://10.0.0.1:6443", tls-server-name: api.example`,
+        /tls-server-name .* is not supported/,
+      ],
+      [
+        "ftp",
+        `server: "${sim.url}", proxy-url: "ftp://p:21"`,
+        /unsupported scheme "ftp", must be http, https, or socks5/,
+      ],
+    ];
+    for (const [name, cluster, want] of cases) {
+      const p = await write(name, cluster);
+      await assert.rejects(() => loadRestConfig({ kubeconfig: p, env: () => undefined }), want);
+    }
+  } finally {
+    await proxy.shutdown();
+    await sim.close();
+  }
 });

@@ -125,6 +125,9 @@ Deno.test("auth: a rotated token file is picked up", async () => {
   try {
     await inf.waitForSync();
     await waitFor(() => sim.openWatches() === 1, "watch");
+    // An event on the watch, so that its end is not a "very short watch" (answered with a list).
+    sim.upsert("services", svc("ns", "a", "10.96.0.77"));
+    await waitFor(() => inf.get("ns/a")?.spec?.clusterIP === "10.96.0.77", "event");
     // rotate: the server only accepts the new token; the file changes; the stream drops
     sim.token = "two";
     await Deno.writeTextFile(tokenFile, "two\n");

@@ -29,6 +29,7 @@ import {
   startSandboxAgent,
   tally,
 } from "./helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const noIPv6 = (() => {
   try {
@@ -87,10 +88,9 @@ interface ModeChecks {
 }
 
 function defineDualStack(mode: "iptables" | "nftables", checks: ModeChecks): void {
-  Deno.test({
+  privilegedTest(unavailable[mode], {
     name:
       `packets (${mode}): dual-stack Service over IPv4 and IPv6 (ClusterIPs, NodePort, per-family endpoints)`,
-    ignore: unavailable[mode] !== undefined,
     sanitizeResources: false,
     sanitizeOps: false,
     fn: (t) => runDualStack(t, mode, checks),

@@ -11,12 +11,12 @@ import { makeState, snapshot } from "../../testkit/fixtures.ts";
 import { NetnsRunner } from "../../testkit/netns.ts";
 import { Sandbox, sandboxUnavailableReason } from "../../testkit/sandbox.ts";
 import { tally } from "./helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = sandboxUnavailableReason(["ip", "iptables", "iptables-restore", "sysctl"]);
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "iptables rules (IptablesDataplane, hand-built snapshots) carry real traffic",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {

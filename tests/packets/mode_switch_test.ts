@@ -8,6 +8,7 @@ import { SimulatorProcess } from "../../testkit/apiserver_process.ts";
 import type { Probe } from "../../testkit/probe.ts";
 import { Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../../testkit/sandbox.ts";
 import { endpointSlice, eventually, nodeObject, service, startSandboxAgent, tally } from "./helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = sandboxUnavailableReason([
   "ip",
@@ -47,10 +48,9 @@ async function hasNftTable(sb: Sandbox): Promise<boolean> {
   return (await sb.exec(sb.node, "nft", ["list", "tables"])).stdout.includes("kube-proxy");
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name:
     "packets: switching iptables -> nftables -> iptables keeps Services working and leaves one mode's rules",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {

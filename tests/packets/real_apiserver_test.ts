@@ -31,6 +31,7 @@ import {
   startSandboxAgent,
   tally,
 } from "./helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = sandboxUnavailableReason(["ip", "iptables", "iptables-save", "conntrack", "sysctl"]) ??
   kubeApiServerUnavailableReason();
@@ -89,10 +90,9 @@ async function nodeEvents(api: KubeApiServer, reason: string): Promise<KubeEvent
   );
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name:
     "real kube-apiserver: the agent with node-proxier RBAC serves what the API says and survives a restart",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {

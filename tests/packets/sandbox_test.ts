@@ -11,12 +11,12 @@ import {
   Sandbox,
   sandboxUnavailableReason,
 } from "../../testkit/sandbox.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = sandboxUnavailableReason(["ip", "sysctl"]);
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "sandbox: pods, node and client reach each other; destroy removes every namespace",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {
@@ -94,9 +94,8 @@ Deno.test({
   },
 });
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "sandbox: cleanupStale removes namespaces of dead processes only",
-  ignore: unavailable !== undefined,
   fn: async () => {
     // A pid that cannot be alive (above pid_max's usual ceiling).
     const stale = `${NETNS_PREFIX}4999999-0-node`;

@@ -24,6 +24,7 @@ import {
   startSandboxAgent,
   tally,
 } from "./helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const NODE = "node1";
 const OTHER_NODE = "node2";
@@ -65,9 +66,8 @@ export function definePacketSuite(m: PacketMode): void {
       mode: m.mode,
       extraArgs: m.extraArgs,
     });
-  Deno.test({
+  privilegedTest(unavailable, {
     name: `packets (${m.mode}): the agent's rules carry real traffic`,
-    ignore: unavailable !== undefined,
     sanitizeResources: false,
     sanitizeOps: false,
     fn: (t) => runSuite(t, m, startAgent),

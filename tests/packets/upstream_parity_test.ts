@@ -36,6 +36,7 @@ import {
 import { listNetns, Sandbox, type SandboxProcess, sandboxUnavailableReason } from "../../testkit/sandbox.ts";
 import type { EndpointSlice, KubeObject, Service } from "../../lib/kube/types.ts";
 import { sleep, startSandboxAgent } from "./helpers.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = sandboxUnavailableReason([
   "ip",
@@ -844,9 +845,8 @@ function assertSame(results: RoundResult[]): void {
   assert.deepEqual(failures, [], failures.join("\n"));
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "parity: upstream kube-proxy and the agent write identical rules for the same cluster state",
-  ignore: unavailable !== undefined,
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {

@@ -5,12 +5,12 @@
  */
 import assert from "node:assert/strict";
 import { markdownRow, runScale } from "../../scripts/scale.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
 
-const notRoot = Deno.uid() !== 0;
+const unavailable = Deno.uid() !== 0 ? "the scale harness needs root" : undefined;
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "scale harness: 50 services, 3 s churn — every service programmed, latencies measured",
-  ignore: notRoot,
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {

@@ -9,10 +9,11 @@ import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detecto
 import { configureLogging } from "../../../lib/log.ts";
 import { makeState, snapshot } from "../../../testkit/fixtures.ts";
 import { overallFixture } from "../../../testkit/fixtures.ts";
-import { canUseNetns, withNetns } from "../../../testkit/netns.ts";
+import { netnsUnavailableReason, withNetns } from "../../../testkit/netns.ts";
+import { privilegedTest } from "../../../testkit/privileged.ts";
 
 configureLogging({ sink: () => {} });
-const ignore = !canUseNetns();
+const unavailable = netnsUnavailableReason();
 
 function chainsOf(save: string): Set<string> {
   return new Set(save.split("\n").filter((l) => l.startsWith(":")).map((l) => l.slice(1).split(" ")[0]));
@@ -52,10 +53,9 @@ function allFeatures() {
 }
 
 for (const backend of ["legacy", "nft"] as IptablesBackend[]) {
-  Deno.test({
+  privilegedTest(unavailable, {
     name:
       `netns ${backend}: full, partial and stale-deletion payloads are accepted; iptables-save shows them`,
-    ignore,
     fn: () =>
       withNetns(async (runner) => {
         const tools = iptablesTools(backend, "IPv4");
@@ -122,9 +122,8 @@ for (const backend of ["legacy", "nft"] as IptablesBackend[]) {
   });
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "netns legacy IPv6: payload accepted by ip6tables-legacy-restore",
-  ignore,
   fn: () =>
     withNetns(async (runner) => {
       const dp = new IptablesDataplane({
@@ -154,10 +153,9 @@ Deno.test({
 });
 
 for (const backend of ["legacy", "nft"] as IptablesBackend[]) {
-  Deno.test({
+  privilegedTest(unavailable, {
     name:
       `netns ${backend}: periodic full sync restores a jump deleted with the canary intact; kubelet's KUBE-FIREWALL jumps ensured without localhost NodePorts, its rules kept`,
-    ignore,
     fn: () =>
       withNetns(async (runner) => {
         const tools = iptablesTools(backend, "IPv4");

@@ -13,10 +13,10 @@ import type { CommandResult, CommandRunner, CommandSpec } from "../../../lib/exe
 import { configureLogging } from "../../../lib/log.ts";
 import { FakeClock } from "../../../lib/proxy/clock.ts";
 import { makeState, snapshot } from "../../../testkit/fixtures.ts";
-import { canUseNetns, type NetnsRunner, withNetns } from "../../../testkit/netns.ts";
+import { type NetnsRunner, netnsUnavailableReason, withNetns } from "../../../testkit/netns.ts";
+import { privilegedTest } from "../../../testkit/privileged.ts";
 
 configureLogging({ sink: () => {} });
-const ignore = !canUseNetns();
 
 /** Runs ipset, iptables and `ip -j addr show` in the namespace; records ipvsadm and the ip batches. */
 class HalfRealRunner implements CommandRunner {
@@ -66,10 +66,9 @@ function members(save: string): string[] {
 }
 
 for (const backend of ["legacy", "nft"] as IptablesBackend[]) {
-  Deno.test({
+  privilegedTest(netnsUnavailableReason(), {
     name:
       `netns ${backend}: ipset and iptables payloads of full and partial syncs apply; a full resync repairs`,
-    ignore,
     fn: () =>
       withNetns(async (ns) => {
         await ns.run({ cmd: "ip", args: ["link", "add", "eth0", "type", "veth", "peer", "name", "eth1"] });

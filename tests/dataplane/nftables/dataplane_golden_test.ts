@@ -8,7 +8,8 @@ import { NftablesDataplane } from "../../../lib/dataplane/nftables/dataplane.ts"
 import { RecordingCommandRunner } from "../../../lib/exec.ts";
 import { configureLogging } from "../../../lib/log.ts";
 import { overallFixture, snapshot } from "../../../testkit/fixtures.ts";
-import { canUseNetns, withNetns } from "../../../testkit/netns.ts";
+import { netnsUnavailableReason, withNetns } from "../../../testkit/netns.ts";
+import { privilegedTest } from "../../../testkit/privileged.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -89,9 +90,8 @@ export function canonicalListing(listing: string): string[] {
   return objects.sort();
 }
 
-Deno.test({
+privilegedTest(netnsUnavailableReason(), {
   name: "nftables golden: upstream's TestOverallNFTablesRules, compared through the kernel",
-  ignore: !canUseNetns(),
   fn: async () => {
     const ours = await kernelListing(await ourTransaction());
     const theirs = await kernelListing(declarationsFirst(await Deno.readTextFile(UPSTREAM)));

@@ -1,52 +1,23 @@
 /**
- * Helpers for comparing the fake with the kernel: a throwaway network namespace with a command runner
- * inside it, and the normalization of `nft list table` output. (The netns part mirrors
- * tests/iptables/netns.ts, kept here so this folder stands alone while the test support moves.)
+ * Helpers for comparing the fake with the kernel: whether the kernel tests can run, and the normalization of
+ * `nft list table` output (network namespaces come from testkit/netns.ts).
  * @module
  */
-import {
-  type CommandResult,
-  type CommandRunner,
-  type CommandSpec,
-  DenoCommandRunner,
-} from "../../../lib/exec.ts";
+import { netnsUnavailableReason } from "../../../testkit/netns.ts";
+export { NetnsRunner, withNetns } from "../../../testkit/netns.ts";
 
-const host = new DenoCommandRunner();
-
-/** True when network namespaces can be made (root, `ip` present, `nft` present). */
-export function canUseNetns(): boolean {
+/** Why the kernel tests cannot run here: no network namespaces (root, `ip`), or no `nft`. */
+export function nftKernelUnavailableReason(): string | undefined {
+  const netns = netnsUnavailableReason();
+  if (netns !== undefined) return netns;
   try {
-    return Deno.uid() === 0 &&
-      new Deno.Command("ip", { args: ["netns", "list"] }).outputSync().success &&
-      new Deno.Command("nft", { args: ["--version"], stdout: "null" }).outputSync().success;
+    if (!new Deno.Command("nft", { args: ["--version"], stdout: "null" }).outputSync().success) {
+      return "`nft --version` fails";
+    }
   } catch {
-    return false;
+    return "nft is not installed";
   }
-}
-
-/** Runs programs inside a namespace through `ip netns exec`. */
-export class NetnsRunner implements CommandRunner {
-  constructor(readonly ns: string) {}
-  #wrap(spec: CommandSpec): CommandSpec {
-    return { ...spec, cmd: "ip", args: ["netns", "exec", this.ns, spec.cmd, ...spec.args] };
-  }
-  run(spec: CommandSpec): Promise<CommandResult> {
-    return host.run(this.#wrap(spec));
-  }
-  tryRun(spec: CommandSpec): Promise<CommandResult> {
-    return host.tryRun(this.#wrap(spec));
-  }
-}
-
-/** Creates `dkp-nft-<random>`, runs fn inside, and deletes the namespace whatever happens. */
-export async function withNetns<T>(fn: (runner: NetnsRunner) => Promise<T>): Promise<T> {
-  const ns = `dkp-nft-${crypto.randomUUID().slice(0, 8)}`;
-  await host.run({ cmd: "ip", args: ["netns", "add", ns] });
-  try {
-    return await fn(new NetnsRunner(ns));
-  } finally {
-    await host.tryRun({ cmd: "ip", args: ["netns", "del", ns] });
-  }
+  return undefined;
 }
 
 /** Splits the inside of `{ … }` into items and the delimiters between them, respecting quotes. */

@@ -15,9 +15,10 @@ import {
   NftablesRunner,
   type Transaction,
 } from "../../../lib/dataplane/nftables/mod.ts";
-import { canUseNetns, type NetnsRunner, normalizeListing, withNetns } from "./helpers.ts";
+import { type NetnsRunner, nftKernelUnavailableReason, normalizeListing, withNetns } from "./helpers.ts";
+import { privilegedTest } from "../../../testkit/privileged.ts";
 
-const ignore = !canUseNetns();
+const unavailable = nftKernelUnavailableReason();
 
 Deno.test("normalizeListing() drops expiry times and sorts hash-set elements, keeping the wrapping", () => {
   const kernel = `table ip t {
@@ -375,9 +376,8 @@ function fullSync(tx: Transaction) {
   }
 }
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "kernel: the fake lists the same table as nft after each kube-proxy-like transaction (ip)",
-  ignore,
   fn: () =>
     withNetns(async (runner) => {
       const p = new Pair(runner, "ip");
@@ -556,9 +556,8 @@ Deno.test({
     }),
 });
 
-Deno.test({
+privilegedTest(unavailable, {
   name: "kernel: the fake lists the same table as nft for IPv6 sets, maps and rules (ip6)",
-  ignore,
   fn: () =>
     withNetns(async (runner) => {
       const p = new Pair(runner, "ip6");
