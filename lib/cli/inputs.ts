@@ -211,7 +211,11 @@ export function checkObjects(
 
 /** One line for the user: `file:line: Kind ns/name: field: message`. */
 export function formatProblem(p: InputProblem): string {
-  const where = p.at.file === "" ? "" : p.at.line > 0 ? `${p.at.file}:${p.at.line}: ` : `${p.at.file}: `;
+  const where = p.at.file === ""
+    ? ""
+    : p.at.line > 0
+    ? `${p.at.file}:${p.at.line}${p.at.col > 0 ? `:${p.at.col}` : ""}: `
+    : `${p.at.file}: `;
   const what = p.object ? `${p.object}: ` : "";
   const field = p.field ? `${p.field}: ` : "";
   return `${p.severity === "note" ? "note: " : "error: "}${where}${what}${field}${p.message}`;

@@ -8,7 +8,7 @@
  * 1 when the configuration is invalid (as the agent) or the sync fails.
  * @module
  */
-import { type CommandIO, parseCommandLine, type ProxyOptions, type Subcommand } from "../config/command.ts";
+import { type CommandIO, parseCommandLine, type Subcommand } from "../config/command.ts";
 import type { FlagSet } from "../config/flag_set.ts";
 import { configureLogging } from "../log.ts";
 import type { IPFamily } from "../proxy/types.ts";
