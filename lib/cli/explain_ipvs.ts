@@ -219,12 +219,48 @@ export function explainIpvs(ctx: ExplainContext): ModeExplanation {
     }
   }
 
-  // Local delivery, the source-range firewall.
+  // Local delivery (or, for the node's own connections, IPVS on the way out), the source-range firewall.
   const bound = access !== "nodePort" && !isNodeAddress(ctx, ctx.dst);
-  const delivered = bound
-    ? `${ctx.dst} is bound on ${DUMMY_INTERFACE}, so the packet is delivered locally`
-    : `${ctx.dst} is an address of the node, so the packet is delivered locally`;
-  if (access === "loadBalancer" && info.loadBalancerSourceRanges.length > 0) {
+  const fromNode = ctx.from === "node";
+  const where = bound ? `${ctx.dst} is bound on ${DUMMY_INTERFACE}` : `${ctx.dst} is an address of the node`;
+  const delivered = fromNode
+    ? `${where}: IPVS takes the node's own connection on its way out (LOCAL_OUT)`
+    : `${where}, so the packet is delivered locally and IPVS takes it on input`;
+  const dropped = (reason: string): ModeExplanation => ({
+    ...base,
+    steps,
+    verdict: { kind: "drop", reason },
+    endpoints: [],
+    masquerade: null,
+    notes,
+  });
+  if (fromNode && bound) {
+    notes.push(
+      `a connection from the node to an address on ${DUMMY_INTERFACE} gets that address as its source unless the ` +
+        "program picks one",
+    );
+  }
+  if (access === "loadBalancer" && info.loadBalancerSourceRanges.length > 0 && fromNode) {
+    // The node's connections never reach INPUT; KUBE-IPVS-OUT-FILTER drops those from the VIP itself when the
+    // node IP is not in the source ranges (render.ts writes the rule exactly then).
+    const nodeIP = familyNodeIP(fam, o.config.bindAddress, ctx.nodeIPs);
+    const allowed = nodeIP !== null && info.loadBalancerSourceRanges.some((c) => cidrContains(c, nodeIP));
+    step(`${delivered}.`, ...(bound ? [DUMMY_INTERFACE] : []));
+    if (!allowed) {
+      step(
+        `filter OUTPUT -> KUBE-IPVS-OUT-FILTER: "-s ${ctx.dst} -m ipvs --vaddr ${ctx.dst} --vproto ${proto} ` +
+          `--vport ${ctx.port} -j DROP" drops the node's own connections (from the VIP) to it: the node IP ` +
+          `${nodeIP ?? "(unknown)"} is not in loadBalancerSourceRanges.`,
+        "KUBE-IPVS-OUT-FILTER",
+      );
+      return dropped(`the node IP is not in the Service's loadBalancerSourceRanges`);
+    }
+    step(
+      `the node IP ${nodeIP} is in loadBalancerSourceRanges: ${ctx.dst},${proto}:${ctx.port},${ctx.dst} is in ` +
+        `${set("KUBE-LOAD-BALANCER-SOURCE-IP")} and KUBE-IPVS-OUT-FILTER has no rule for it.`,
+      set("KUBE-LOAD-BALANCER-SOURCE-IP"),
+    );
+  } else if (access === "loadBalancer" && info.loadBalancerSourceRanges.length > 0) {
     const why = sourceAllowed(st, ctx.src, familyNodeIP(fam, o.config.bindAddress, ctx.nodeIPs));
     step(
       `${delivered}; filter INPUT -> KUBE-PROXY-FIREWALL: ${entry} is in ${
@@ -244,17 +280,7 @@ export function explainIpvs(ctx: ExplainContext): ModeExplanation {
       ...(why === null ? [set("KUBE-LOAD-BALANCER-SOURCE-CIDR"), set("KUBE-LOAD-BALANCER-SOURCE-IP")] : []),
     );
     if (why === null) {
-      return {
-        ...base,
-        steps,
-        verdict: {
-          kind: "drop",
-          reason: `the source ${ctx.src} is not in the Service's loadBalancerSourceRanges`,
-        },
-        endpoints: [],
-        masquerade: null,
-        notes,
-      };
+      return dropped(`the source ${ctx.src} is not in the Service's loadBalancerSourceRanges`);
     }
   } else {
     step(`${delivered}.`, ...(bound ? [DUMMY_INTERFACE] : []));
@@ -286,7 +312,12 @@ export function explainIpvs(ctx: ExplainContext): ModeExplanation {
     return {
       ...base,
       steps,
-      verdict: { kind: "reject", reason: "it has no endpoints" },
+      verdict: {
+        kind: "reject",
+        reason: plan.hasEndpoints
+          ? "it has no endpoints on this node (traffic policy Local), so its virtual server has no real servers"
+          : "it has no endpoints",
+      },
       endpoints: [],
       masquerade: null,
       notes,
