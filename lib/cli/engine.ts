@@ -136,10 +136,11 @@ export async function firstSync(opts: ProxyOptions, state: ClusterState): Promis
     onInvalidService: (service, reason, field) => invalid.push({ service, reason, field }),
     preferSameTrafficDistribution: opts.featureGates["PreferSameTrafficDistribution"] ?? true,
   });
-  // The informers' order in the agent: the Node first, then the initial lists, then "synced".
+  // The informers' order in the agent: the Node first, then the initial lists (the API server lists objects by
+  // namespace and name, which is the order rules of different Services end up in), then "synced".
   proxier.onNodeAdd(node);
-  for (const s of state.services) proxier.onServiceAdd(s);
-  for (const s of state.slices) proxier.onEndpointSliceAdd(s);
+  for (const s of byKey(state.services)) proxier.onServiceAdd(s);
+  for (const s of byKey(state.slices)) proxier.onEndpointSliceAdd(s);
   if (state.serviceCIDRs.length > 0) {
     proxier.onServiceCIDRsChanged(state.serviceCIDRs.flatMap((c) => c.spec?.cidrs ?? []));
   }
@@ -166,4 +167,10 @@ export async function firstSync(opts: ProxyOptions, state: ClusterState): Promis
     if (s) snapshots.set(f, s);
   }
   return { families, commands, snapshots, invalid, hostNote, nodeIPs: ips, podCIDRs: ctx.podCIDRs };
+}
+
+/** Objects in the API server's list order: by namespace, then name. */
+function byKey<T extends { metadata?: { namespace?: string; name?: string } }>(objs: readonly T[]): T[] {
+  const key = (o: T) => `${o.metadata?.namespace ?? ""}/${o.metadata?.name ?? ""}`;
+  return [...objs].sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
 }
