@@ -199,7 +199,12 @@ export async function runSubcommand(argv: readonly string[], io: SubcommandIO = 
   if (name === "render") {
     io.stdout(formatCommands(sync.commands.filter((c) => family === null || c.family === family)));
   } else {
-    const e = explainPacket(packet!, sync, opts);
+    let e;
+    try {
+      e = explainPacket(packet!, sync, opts);
+    } catch (err) {
+      return usage((err as Error).message);
+    }
     io.stdout(formatExplanation(e));
   }
   return problems.some((p) => p.severity === "error") ? 2 : 0;

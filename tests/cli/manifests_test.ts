@@ -3,6 +3,8 @@ import assert from "node:assert/strict";
 import { checkObjects, formatProblem } from "../../lib/cli/inputs.ts";
 import { parseManifestText, readManifests } from "../../lib/cli/manifests.ts";
 import { checkType, formatPath, parseFieldPath } from "../../lib/cli/schema.ts";
+import { parseAllDocuments } from "yaml";
+import { corpusYaml } from "./helpers.ts";
 
 Deno.test("manifests: multi-document YAML, JSON, kind List and typed lists all become objects", () => {
   const yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n# a comment only\n---\n" +
@@ -164,4 +166,35 @@ Deno.test("inputs: a later definition replaces an earlier one; a slice without i
   ]);
   assert.equal(r.input.services.length, 1);
   assert.equal(r.input.services[0].spec?.clusterIP, "10.0.0.2");
+});
+
+Deno.test("manifests: the fast reader (js-yaml) reads exactly what the yaml library reads", async () => {
+  const texts = [
+    corpusYaml(),
+    ...await Promise.all(
+      ["web", "dns", "node", "broken"].map((f) => Deno.readTextFile(`examples/${f}.yaml`)),
+    ),
+    "a: yes\nb: 0x10\nc: 010\nd: 1e3\ne: ~\nf: 2024-01-01T00:00:00Z\ng: '1'\nh: .inf\n",
+  ];
+  for (const text of texts) {
+    const slow = parseAllDocuments(text) as { toJS(): unknown }[];
+    const want = slow.map((d) => d.toJS()).filter((v) => v !== null).flatMap((v) =>
+      (v as { kind?: string }).kind?.endsWith("List") ? (v as { items: unknown[] }).items : [v]
+    );
+    const got = parseManifestText(text, "t.yaml");
+    const values = got.objects.map((o) => o.value);
+    if (got.problems.length === 0) assert.deepEqual(values, want.filter((v) => typeof v === "object"));
+  }
+  // Scalars as YAML 1.2's core schema reads them (timestamps stay strings, "yes" is not a boolean).
+  const { objects } = parseManifestText(texts.at(-1)!, "t.yaml");
+  assert.deepEqual(objects[0].value, {
+    a: "yes",
+    b: 16,
+    c: 10,
+    d: 1000,
+    e: null,
+    f: "2024-01-01T00:00:00Z",
+    g: "1",
+    h: Infinity,
+  });
 });
