@@ -1,5 +1,6 @@
 /**
- * The `kube-proxy` command: parse, validate, wire, run. No logic lives here.
+ * The `kube-proxy` command: parse, validate, wire, run; or the `render` / `explain` subcommand (lib/cli/). No
+ * logic lives here.
  * @module
  */
 import { parseCommandLine } from "./lib/config/command.ts";
@@ -7,6 +8,13 @@ import { platformInit, runAgent, runCleanup } from "./lib/agent.ts";
 import { DenoCommandRunner } from "./lib/exec.ts";
 import { KubeConfigError } from "./lib/kube/kubeconfig.ts";
 import { log } from "./lib/log.ts";
+import { isSubcommand } from "./lib/cli/subcommands.ts";
+
+if (import.meta.main && isSubcommand(Deno.args)) {
+  // render / explain: loaded only when named, so that the agent's start path stays as it is.
+  const { runSubcommand } = await import("./lib/cli/run.ts");
+  Deno.exit(await runSubcommand(Deno.args));
+}
 
 if (import.meta.main) {
   const parsed = await parseCommandLine(Deno.args);

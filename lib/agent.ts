@@ -248,7 +248,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     conntrackCleaner: async (snapshot) => {
       await cleanStaleUDPConntrack(runner, snapshot);
     },
-    onInvalidService: (svc, reason) => {
+    onInvalidService: (svc, reason, field) => {
       events.event(
         {
           kind: "Service",
@@ -260,7 +260,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
         "Warning",
         "InvalidService",
         "Sync",
-        reason,
+        field ? `${reason} (${field})` : reason,
       );
     },
     preferSameTrafficDistribution: opts.featureGates["PreferSameTrafficDistribution"] ?? true,

@@ -172,6 +172,8 @@ Deno.test({
               e.reason === "InvalidService" && e.regarding?.name === "broken"
             ),
         );
+        const invalid = sim.list<KubeEvent>("events").find((e) => e.reason === "InvalidService");
+        assert.equal(invalid?.note, "Service has an invalid cluster IP; skipping it (spec.clusterIPs[0])");
         const starting = sim.list<KubeEvent>("events").find((e) => e.reason === "Starting");
         assert.equal(starting?.regarding?.kind, "Node");
         assert.equal(starting?.regarding?.name, "node1");

@@ -12,7 +12,10 @@ import { Options } from "../lib/config/options.ts";
 const readme = await Deno.readTextFile(`${PROJECT_ROOT}README.md`);
 const denoJson = JSON.parse(await Deno.readTextFile(`${PROJECT_ROOT}deno.json`));
 
-/** Lines of indented (4 spaces, after a blank line) and fenced code blocks; ```text blocks are listings. */
+/**
+ * Lines of indented (4 spaces, after a blank line) and fenced code blocks; ```text blocks are listings and an
+ * indented block that starts with `$ ` is a transcript, both skipped.
+ */
 export function codeBlockLines(md: string): string[] {
   const out: string[] = [];
   const lines = md.split("\n");
@@ -32,6 +35,11 @@ export function codeBlockLines(md: string): string[] {
       continue;
     }
     if (/^ {4}\S/.test(l) && (indented || lines[i - 1]?.trim() === "")) {
+      if (!indented && l.startsWith("    $ ")) {
+        // A transcript (`$ command` then its output): tests/cli/readme_test.ts runs it and compares.
+        while (i + 1 < lines.length && (lines[i + 1].startsWith("    ") || lines[i + 1].trim() === "")) i++;
+        continue;
+      }
       indented = true;
       out.push(l.trim());
       continue;

@@ -13,7 +13,7 @@
 
 import { configureLogging, log } from "../log.ts";
 import { formatDuration } from "./duration.ts";
-import { FlagError, HelpRequested } from "./flag_set.ts";
+import { FlagError, type FlagSet, HelpRequested } from "./flag_set.ts";
 import { writeConfigFile } from "./load.ts";
 import { buildProxyOptions, Options, type ProxyOptions } from "./options.ts";
 import { aggregateMessage } from "./validate.ts";
@@ -27,6 +27,19 @@ export interface CommandIO {
   stderr(s: string): void;
   /** The machine hostname (defaults to Deno.hostname()); injectable for tests. */
   hostname?: () => string;
+}
+
+/**
+ * A subcommand (`kube-proxy render`, `kube-proxy explain`) that takes the agent's flags and configuration plus
+ * flags of its own, parsed by the same flag set so that the two cannot drift apart.
+ */
+export interface Subcommand {
+  /** The word after `kube-proxy`. */
+  readonly name: string;
+  /** What `--help` prints before the flags. */
+  readonly description: string;
+  /** Registers the subcommand's own flags on the agent's flag set. */
+  addFlags(fs: FlagSet): void;
 }
 
 /** Either the process should exit with `exit`, or it should run with `options`. */
@@ -48,10 +61,20 @@ function versionInfoRaw(v: string): string {
 /**
  * Parses `argv` (without the program name) as upstream `kube-proxy` does. Returns `{ exit }` when the process
  * should stop (help, version, errors, `--write-config-to`), otherwise `{ options }` for the agent to run with.
+ * With `sub`, argv is a subcommand's (without its name): the agent's flags plus the subcommand's own.
  */
-export async function parseCommandLine(argv: string[], io: CommandIO = defaultIO): Promise<CommandResult> {
+export async function parseCommandLine(
+  argv: string[],
+  io: CommandIO = defaultIO,
+  sub?: Subcommand,
+): Promise<CommandResult> {
   const o = new Options();
   o.fs.output = io.stderr;
+  if (sub) {
+    o.commandName = `kube-proxy ${sub.name}`;
+    o.description = sub.description;
+    sub.addFlags(o.fs);
+  }
   try {
     o.parse(argv);
   } catch (e) {
@@ -77,7 +100,7 @@ export async function parseCommandLine(argv: string[], io: CommandIO = defaultIO
   }
   const positional = o.fs.args.filter((a) => a.length > 0);
   if (positional.length > 0) {
-    io.stderr(`Error: "kube-proxy" does not take any arguments, got ${JSON.stringify(o.fs.args)}\n`);
+    io.stderr(`Error: "${o.commandName}" does not take any arguments, got ${JSON.stringify(o.fs.args)}\n`);
     return { exit: 2 };
   }
 

@@ -203,6 +203,22 @@ function parseCsvLine(s: string): string[] {
   return out;
 }
 
+/** pflag's stringArray: every Set appends one value as given (no comma splitting); the first replaces the default. */
+export class StringArrayValue implements FlagValue {
+  private touched = false;
+  constructor(private readonly get: () => string[], private readonly put: (v: string[]) => void) {}
+  set(s: string): void {
+    this.put(this.touched ? [...this.get(), s] : [s]);
+    this.touched = true;
+  }
+  string(): string {
+    return "[" + this.get().join(",") + "]";
+  }
+  type(): string {
+    return "stringArray";
+  }
+}
+
 /** component-base's MapStringBool: `A=true,B=false`; the first Set clears the map, later Sets merge. */
 export class MapStringBoolValue implements FlagValue {
   private touched = false;
@@ -369,6 +385,17 @@ export class FlagSet {
     opts?: FlagOptions,
   ): Flag {
     return this.add(name, new StringSliceValue(get, put), usage, opts);
+  }
+
+  /** A stringArray flag (repeatable; values are not split on commas). */
+  stringArray(
+    name: string,
+    get: () => string[],
+    put: (v: string[]) => void,
+    usage: string,
+    opts?: FlagOptions,
+  ): Flag {
+    return this.add(name, new StringArrayValue(get, put), usage, opts);
   }
 
   /** A mapStringBool flag (`--feature-gates=A=true,B=false`). */
@@ -545,6 +572,7 @@ function defaultIsZero(flag: Flag): boolean {
     case "string":
       return d === "";
     case "stringSlice":
+    case "stringArray":
       return d === "[]";
     default:
       return d === "false" || d === "<nil>" || d === "" || d === "0";

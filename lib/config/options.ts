@@ -155,6 +155,10 @@ export class Options {
   hostnameOverride = "";
   healthzPort = 10256;
   metricsPort = 10249;
+  /** The command named by `--help` and errors (`kube-proxy`, or `kube-proxy render` for a subcommand). */
+  commandName = "kube-proxy";
+  /** The description `--help` prints first (upstream's, or a subcommand's). */
+  description = LONG_DESCRIPTION;
   /** `--version` value: "false", "true", "raw", or a version override. */
   version = "false";
   help = false;
@@ -590,12 +594,12 @@ export class Options {
 
   /** cobra's usage string: `Usage:` line and the flag table. */
   usage(): string {
-    return `Usage:\n  kube-proxy [flags]\n\nFlags:\n${this.fs.usages().trimEnd()}\n`;
+    return `Usage:\n  ${this.commandName} [flags]\n\nFlags:\n${this.fs.usages().trimEnd()}\n`;
   }
 
   /** cobra's help output: the long description, then the usage. */
   helpText(): string {
-    return `${LONG_DESCRIPTION}\n\n${this.usage()}`;
+    return `${this.description}\n\n${this.usage()}`;
   }
 
   /** Parses argv into the flag set (throws FlagError / HelpRequested from flag_set.ts). */

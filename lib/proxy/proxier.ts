@@ -134,13 +134,15 @@ export class Proxier {
   /** Reports each (Service version, reason) once even though every family parses the Service. */
   #dedupInvalid(cb: InvalidServiceCallback): InvalidServiceCallback {
     const seen = new Set<string>();
-    return (svc, reason) => {
+    return (svc, reason, field) => {
       const id =
-        `${svc.metadata?.namespace}/${svc.metadata?.name}@${svc.metadata?.resourceVersion}|${reason}`;
+        `${svc.metadata?.namespace}/${svc.metadata?.name}@${svc.metadata?.resourceVersion}|${reason}|${
+          field ?? ""
+        }`;
       if (seen.has(id)) return;
       if (seen.size > 10_000) seen.clear();
       seen.add(id);
-      cb(svc, reason);
+      cb(svc, reason, field);
     };
   }
 

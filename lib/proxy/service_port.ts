@@ -12,8 +12,11 @@ import { log } from "../log.ts";
 import { parseCIDR, parseIP } from "../net/ip.ts";
 import { type IPFamily, type Protocol, type ServicePortInfo, servicePortNameString } from "./types.ts";
 
-/** Reports a Service whose spec could not be fully used; `reason` is a human-readable sentence. */
-export type InvalidServiceCallback = (service: Service, reason: string) => void;
+/**
+ * Reports a Service whose spec could not be fully used; `reason` is a human-readable sentence, `field` the
+ * path of the offending field (`spec.clusterIPs[0]`, `spec.ports[1].nodePort`, ...) when there is one.
+ */
+export type InvalidServiceCallback = (service: Service, reason: string, field?: string) => void;
 
 /** Default ClientIP affinity timeout (the API default, `v1.DefaultClientIPServiceAffinitySeconds`). */
 export const DEFAULT_STICKY_MAX_AGE_SECONDS = 10800;
@@ -97,56 +100,66 @@ export function buildServicePorts(
   const namespace = svc.metadata?.namespace ?? "";
   const name = svc.metadata?.name ?? "";
   const serviceKey = `${namespace}/${name}`;
-  const invalid = (reason: string, kv: Record<string, unknown> = {}) => {
+  const invalid = (reason: string, kv: Record<string, unknown> = {}, field?: string) => {
     log.error(reason, undefined, { service: serviceKey, ipFamily: family, ...kv });
     try {
-      onInvalid?.(svc, reason);
+      onInvalid?.(svc, reason, field);
     } catch (err) {
       log.error("Invalid-service callback failed", err, { service: serviceKey });
     }
   };
   if (!name || !namespace) {
-    invalid("Service has no name or namespace");
+    invalid("Service has no name or namespace", {}, name ? "metadata.namespace" : "metadata.name");
     return null;
   }
   const rawClusterIP = clusterIPForFamily(svc, family);
   if (rawClusterIP === "") return null; // wrong family: not an error
   const clusterIP = parseIP(rawClusterIP);
   if (!clusterIP || clusterIP.family !== family) {
-    invalid("Service has an invalid cluster IP; skipping it", { clusterIP: rawClusterIP });
+    const listed = svc.spec?.clusterIPs ?? [];
+    const at = listed.indexOf(rawClusterIP);
+    invalid(
+      "Service has an invalid cluster IP; skipping it",
+      { clusterIP: rawClusterIP },
+      at >= 0 ? `spec.clusterIPs[${at}]` : "spec.clusterIP",
+    );
     return null;
   }
   const spec = svc.spec ?? {};
 
   const externalIPs: string[] = [];
-  for (const raw of spec.externalIPs ?? []) {
+  for (const [i, raw] of (spec.externalIPs ?? []).entries()) {
     const ip = parseIP(raw);
     if (!ip) {
-      if (String(raw ?? "").trim() !== "") invalid("Skipping invalid IP", { ip: raw });
+      if (String(raw ?? "").trim() !== "") {
+        invalid("Skipping invalid IP", { ip: raw }, `spec.externalIPs[${i}]`);
+      }
       continue;
     }
     if (ip.family === family) externalIPs.push(ip.ip);
   }
 
   const sourceRanges: string[] = [];
-  for (const raw of spec.loadBalancerSourceRanges ?? []) {
+  for (const [i, raw] of (spec.loadBalancerSourceRanges ?? []).entries()) {
     // Validation mistakenly allows whitespace padding, so trim first (as upstream).
     const trimmed = String(raw ?? "").trim();
     const cidr = parseCIDR(trimmed);
     if (!cidr) {
-      if (trimmed !== "") invalid("Skipping invalid CIDR", { cidr: raw });
+      if (trimmed !== "") {
+        invalid("Skipping invalid CIDR", { cidr: raw }, `spec.loadBalancerSourceRanges[${i}]`);
+      }
       continue;
     }
     if (cidr.family === family) sourceRanges.push(cidr.cidr);
   }
 
   const lbVIPs: string[] = [];
-  for (const ing of svc.status?.loadBalancer?.ingress ?? []) {
+  for (const [i, ing] of (svc.status?.loadBalancer?.ingress ?? []).entries()) {
     if (!ing?.ip) continue;
     if (ing.ipMode !== undefined && ing.ipMode !== null && ing.ipMode !== "VIP") continue;
     const ip = parseIP(ing.ip);
     if (!ip) {
-      invalid("Skipping invalid IP", { ip: ing.ip });
+      invalid("Skipping invalid IP", { ip: ing.ip }, `status.loadBalancer.ingress[${i}].ip`);
       continue;
     }
     if (ip.family === family) lbVIPs.push(ip.ip);
@@ -162,25 +175,30 @@ export function buildServicePorts(
   if (serviceNeedsHealthCheck(svc)) {
     const p = spec.healthCheckNodePort;
     if (!p) log.error("Service has no healthcheck nodeport", undefined, { service: serviceKey });
-    else if (!validPort(p, false)) invalid("Service has an invalid healthCheckNodePort", { port: p });
-    else healthCheckNodePort = p;
+    else if (!validPort(p, false)) {
+      invalid("Service has an invalid healthCheckNodePort", { port: p }, "spec.healthCheckNodePort");
+    } else healthCheckNodePort = p;
   }
 
   const externalPolicyLocal = serviceExternalPolicyLocal(svc);
   const internalPolicyLocal = serviceInternalPolicyLocal(svc);
   const out = new Map<string, ServicePortInfo>();
-  for (const sp of (spec.ports ?? []) as (ServicePort | null)[]) {
+  for (const [i, sp] of ((spec.ports ?? []) as (ServicePort | null)[]).entries()) {
     if (!sp) continue;
     const protocol = (sp.protocol ?? "TCP") as Protocol;
     if (!PROTOCOLS.has(protocol)) {
-      invalid("Service port has an unknown protocol; skipping the port", { port: sp.name, protocol });
+      invalid(
+        "Service port has an unknown protocol; skipping the port",
+        { port: sp.name, protocol },
+        `spec.ports[${i}].protocol`,
+      );
       continue;
     }
     if (!validPort(sp.port, false)) {
       invalid("Service port has an invalid port number; skipping the port", {
         port: sp.name,
         number: sp.port,
-      });
+      }, `spec.ports[${i}].port`);
       continue;
     }
     let nodePort = 0;
@@ -189,7 +207,7 @@ export function buildServicePorts(
       else {invalid("Service port has an invalid nodePort; ignoring it", {
           port: sp.name,
           nodePort: sp.nodePort,
-        });}
+        }, `spec.ports[${i}].nodePort`);}
     }
     const spn = { namespace, name, port: sp.name ?? "", protocol };
     const nameString = servicePortNameString(spn);

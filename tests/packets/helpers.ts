@@ -222,9 +222,13 @@ export function startSandboxAgent(
   kubeconfig: string,
   opts: SandboxAgentOptions,
 ): SandboxProcess {
-  const [cmd, ...args] = agentCommand([
-    "--kubeconfig",
-    kubeconfig,
+  const [cmd, ...args] = agentCommand(["--kubeconfig", kubeconfig, ...sandboxAgentFlags(opts)]);
+  return sb.spawn(sb.node, cmd, args);
+}
+
+/** The flags {@linkcode startSandboxAgent} gives the agent besides `--kubeconfig` (render takes the same). */
+export function sandboxAgentFlags(opts: SandboxAgentOptions): string[] {
+  return [
     "--hostname-override",
     opts.nodeName,
     `--cluster-cidr=${opts.clusterCIDR ?? "10.244.0.0/16"}`,
@@ -235,6 +239,5 @@ export function startSandboxAgent(
     "--conntrack-max-per-core=0",
     "-v=2",
     ...(opts.extraArgs ?? []),
-  ]);
-  return sb.spawn(sb.node, cmd, args);
+  ];
 }

@@ -77,6 +77,48 @@ Deno.test("buildServicePorts() skips headless, ExternalName and wrong-family Ser
   assert.equal(buildServicePorts(service("ns", "d"), "IPv6"), null);
 });
 
+Deno.test("buildServicePorts() reports each unusable field with its path", () => {
+  const reports: string[] = [];
+  const cb = (_svc: Service, reason: string, field?: string) => reports.push(`${field}: ${reason}`);
+  assert.equal(
+    buildServicePorts(
+      service("ns", "a", { clusterIP: "10.0.0.999", clusterIPs: ["10.0.0.999"] }),
+      "IPv4",
+      cb,
+    ),
+    null,
+  );
+  assert.equal(
+    buildServicePorts(service("ns", "b", { clusterIP: "10.0.0.999", clusterIPs: [] }), "IPv4", cb),
+    null,
+  );
+  const ports = buildServicePorts(
+    service("ns", "c", {
+      type: "LoadBalancer",
+      externalIPs: ["1.2.3.4", "1.2.3"],
+      loadBalancerSourceRanges: ["10.0.0.0/8", "10.0.0.0/99"],
+      ports: [
+        { name: "a", port: 80, protocol: "TCP", nodePort: 70000 },
+        { name: "b", port: 0, protocol: "TCP" },
+        { name: "c", port: 81, protocol: "ICMP" },
+      ],
+    }, { loadBalancer: { ingress: [{ ip: "5.6.7" }] } }),
+    "IPv4",
+    cb,
+  )!;
+  assert.deepEqual([...ports.keys()], ["ns/c:a"]);
+  assert.deepEqual(reports, [
+    "spec.clusterIPs[0]: Service has an invalid cluster IP; skipping it",
+    "spec.clusterIP: Service has an invalid cluster IP; skipping it",
+    "spec.externalIPs[1]: Skipping invalid IP",
+    "spec.loadBalancerSourceRanges[1]: Skipping invalid CIDR",
+    "status.loadBalancer.ingress[0].ip: Skipping invalid IP",
+    "spec.ports[0].nodePort: Service port has an invalid nodePort; ignoring it",
+    "spec.ports[1].port: Service port has an invalid port number; skipping the port",
+    "spec.ports[2].protocol: Service port has an unknown protocol; skipping the port",
+  ]);
+});
+
 Deno.test("buildServicePorts() applies external policy Local only to externally reachable types", () => {
   const cases: [string, Service["spec"], boolean][] = [
     ["ClusterIP", { type: "ClusterIP", externalTrafficPolicy: "Local" }, false],

@@ -10,6 +10,7 @@ import { configureLogging } from "../../../lib/log.ts";
 import { overallFixture, snapshot } from "../../../testkit/fixtures.ts";
 import { netnsUnavailableReason, withNetns } from "../../../testkit/netns.ts";
 import { privilegedTest } from "../../../testkit/privileged.ts";
+import { canonicalListing } from "../../../testkit/rule_listings.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -45,49 +46,6 @@ async function kernelListing(text: string): Promise<string> {
     await runner.run({ cmd: "nft", args: ["-f", "-"], stdin: text });
     return (await runner.run({ cmd: "nft", args: ["list", "table", "ip", "kube-proxy"] })).stdout;
   });
-}
-
-/**
- * A listing made independent of creation order: one entry per table object (set, map, chain) sorted by kind
- * and name, and the elements of a set or map sorted. The order of a chain's rules stays: it matters.
- */
-export function canonicalListing(listing: string): string[] {
-  const objects: string[] = [];
-  let cur: string[] | null = null;
-  let elements: string[] | null = null;
-  for (const raw of listing.split("\n")) {
-    const line = raw.trim();
-    if (/^(set|map|chain) \S+ \{$/.test(line)) {
-      cur = [line];
-      continue;
-    }
-    if (cur === null) continue;
-    if (elements !== null) {
-      elements.push(...line.replace(/\s*}$/, "").split(/,\s*/).filter((e) => e !== ""));
-      if (line.endsWith("}")) {
-        cur.push(`elements = { ${elements.sort().join(", ")} }`);
-        elements = null;
-      }
-      continue;
-    }
-    if (line.startsWith("elements = {")) {
-      elements = [];
-      const rest = line.slice("elements = {".length);
-      elements.push(...rest.replace(/\s*}$/, "").split(/,\s*/).map((e) => e.trim()).filter((e) => e !== ""));
-      if (rest.trim().endsWith("}")) {
-        cur.push(`elements = { ${elements.sort().join(", ")} }`);
-        elements = null;
-      }
-      continue;
-    }
-    if (line === "}") {
-      objects.push(cur.join("\n"));
-      cur = null;
-      continue;
-    }
-    cur.push(line);
-  }
-  return objects.sort();
 }
 
 privilegedTest(netnsUnavailableReason(), {
