@@ -26,6 +26,8 @@ export function resourceOfKind(kind: string | undefined): ResourceName {
       return "services";
     case "EndpointSlice":
       return "endpointslices";
+    case "ServiceCIDR":
+      return "servicecidrs";
     case "Node":
       return "nodes";
     default:
@@ -53,12 +55,14 @@ async function serve(args: string[]): Promise<void> {
   let kubeconfig = "";
   const loads: string[] = [];
   let port = 0;
+  let watchCache = false;
   for (let i = 0; i < args.length; i++) {
     if (args[i] === "--kubeconfig") kubeconfig = args[++i];
+    else if (args[i] === "--watch-cache") watchCache = true;
     else if (args[i] === "--load") loads.push(args[++i]);
     else if (args[i] === "--port") port = Number(args[++i]);
   }
-  const sim = await ApiServerSimulator.start({ port, bookmarkIntervalMs: 10_000 });
+  const sim = await ApiServerSimulator.start({ port, bookmarkIntervalMs: 10_000, watchCache });
   for (const file of loads) {
     for (const obj of await readManifest(file)) sim.upsert(resourceOfKind(obj.kind), obj);
   }
@@ -116,6 +120,8 @@ export interface SimulatorProcessOptions {
    * simulator take over the address (and so the kubeconfig URL) of one that was closed.
    */
   port?: number;
+  /** Serve resourceVersion=0 lists whole, as kube-apiserver's watch cache (the simulator's `--watch-cache`). */
+  watchCache?: boolean;
 }
 
 /** A simulator running as a child process, driven over its stdin/stdout. */
@@ -156,6 +162,7 @@ export class SimulatorProcess {
     const args = ["run", "-A", self, "--kubeconfig", kubeconfig];
     for (const f of opts.load ?? []) args.push("--load", f);
     if (opts.port !== undefined) args.push("--port", String(opts.port));
+    if (opts.watchCache) args.push("--watch-cache");
     const cmd = opts.netns ? "ip" : Deno.execPath();
     const fullArgs = opts.netns ? ["netns", "exec", opts.netns, Deno.execPath(), ...args] : args;
     const child = new Deno.Command(cmd, {
