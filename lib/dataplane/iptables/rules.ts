@@ -1,9 +1,11 @@
 /**
  * iptables rule rendering, rule for rule as upstream's `syncProxyRules` (pkg/proxy/iptables/proxier.go).
  *
- * Each service port is rendered once into a {@linkcode ServicePortBlock} (filter rules, nat dispatch rules for
- * KUBE-SERVICES / KUBE-NODEPORTS, and its own SVC/SVL/EXT/FW/SEP chains), encoded to bytes once; the dataplane
- * caches blocks, only re-renders changed ports, and assembles payloads by copying cached bytes. Static chains and rules come from the helpers at the end of this file.
+ * Each service port is rendered into a {@linkcode ServicePortBlock} when it changes: its filter rules and nat
+ * dispatch rules for KUBE-SERVICES / KUBE-NODEPORTS, encoded to bytes once, and the names of its own
+ * SVC/SVL/EXT/FW/SEP chains. The rules of those chains are rendered by {@linkcode renderChainRules} each time the
+ * port is written (so the bulk of the payload is never kept in memory). Static chains and rules come from the
+ * helpers at the end of this file.
  * @module
  */
 
@@ -62,9 +64,10 @@ export interface RenderConfig {
 }
 
 /**
- * One rendered service port, kept as bytes (encoded once when the port changes) so that a sync only copies
- * cached blocks into its payload buffer. Parts are views: `filter`/`dispatch` share one small buffer and
- * `chainLines`/`chainRules` another, so that an unchanged dispatch can be reused without pinning the chains.
+ * One rendered service port: its filter and nat dispatch rules as bytes (encoded once when the port changes,
+ * written on every sync) and the names of its own nat chains. The rules of those chains, the bulk of a payload,
+ * are not kept: {@linkcode renderChainRules} renders them when the port is written (on a change, and on full
+ * syncs), straight into the payload stream.
  */
 export interface ServicePortBlock {
   /** The state this block was rendered from (identity check for the cache). */
@@ -73,15 +76,15 @@ export interface ServicePortBlock {
   filter: Uint8Array;
   /** nat rules in KUBE-SERVICES and KUBE-NODEPORTS (always written). */
   dispatch: Uint8Array;
-  /** `:CHAIN - [0:0]` lines of the port's own nat chains. */
-  readonly chainLines: Uint8Array;
-  /** Rules of the port's own nat chains. */
-  readonly chainRules: Uint8Array;
-  /** Names of the port's own nat chains. */
+  /**
+   * Names of the port's own nat chains, in declaration order: EXT, FW, SVC, SVL (those it uses), then one SEP
+   * chain per `state.selection.allReachableEndpoints` entry, in that order.
+   */
   readonly chains: readonly string[];
   readonly filterRuleCount: number;
   readonly dispatchRuleCount: number;
-  readonly chainRuleCount: number;
+  /** Rules in the port's own chains; -1 until {@linkcode renderChainRules} ran for this block. */
+  chainRuleCount: number;
   /** Rendered with large-cluster mode (no comments). */
   readonly largeCluster: boolean;
   /** iTP=Local without local endpoints (DROP). */
@@ -129,9 +132,9 @@ function ipOnly(ep: EndpointInfo): string {
 }
 
 /**
- * The KUBE-SEP chain names of a port's reachable endpoints, reusing the names of `prev` (the same port's
- * previous block, rendered with the same settings) for endpoints it already had, so that a re-render only
- * hashes new endpoints without a process-wide name cache. A block's SEP chains are its last chains, one per
+ * The KUBE-SEP chain names of a port's reachable endpoints (in `eps` order), reusing the names of `prev` (the
+ * same port's previous block, rendered with the same settings) for endpoints it already had, so that a re-render
+ * only hashes new endpoints without a process-wide name cache. A block's SEP chains are its last chains, one per
  * `state.selection.allReachableEndpoints` entry in that (endpoint-sorted) order.
  */
 function sepNames(
@@ -139,32 +142,33 @@ function sepNames(
   name: string,
   proto: string,
   prev: ServicePortBlock | undefined,
-): Map<string, string> {
-  const out = new Map<string, string>();
+): string[] {
+  const out: string[] = new Array(eps.length);
   const old = prev !== undefined && prev.state.info.nameString === name &&
       prev.state.info.protocol.toLowerCase() === proto
     ? prev.state.selection.allReachableEndpoints
     : [];
   const base = prev !== undefined ? prev.chains.length - old.length : 0;
   let j = 0;
-  for (const ep of eps) {
-    const e = ep.endpoint;
+  for (let i = 0; i < eps.length; i++) {
+    const e = eps[i].endpoint;
     while (j < old.length && old[j].endpoint < e) j++;
-    out.set(
-      e,
-      j < old.length && old[j].endpoint === e ? prev!.chains[base + j] : endpointChainName(name, proto, e),
-    );
+    out[i] = j < old.length && old[j].endpoint === e
+      ? prev!.chains[base + j]
+      : endpointChainName(name, proto, e);
   }
   return out;
 }
 
 /**
- * Renders one service port exactly as upstream's per-service loop body. `prev`, the port's previous block
- * rendered with the same settings, only lends its endpoint chain names.
+ * Renders one service port's filter and dispatch rules exactly as upstream's per-service loop body, and names
+ * its chains. `prev`, the port's previous block rendered with the same settings, only lends its endpoint chain
+ * names. (`cfg` shapes only the chains' own rules, see {@linkcode renderChainRules}; it is taken here so that a
+ * block is always made for one configuration.)
  */
 export function renderServicePort(
   st: ServicePortState,
-  cfg: RenderConfig,
+  _cfg: RenderConfig,
   largeCluster: boolean,
   prev?: ServicePortBlock,
 ): ServicePortBlock {
@@ -178,13 +182,9 @@ export function renderServicePort(
   const port = String(info.port);
 
   const plan = st.plan;
-  const clusterEps = sel.clusterEndpoints ?? [];
-  const localEps = sel.localEndpoints ?? [];
-  const extLocal = plan.externalPolicyLocal;
   const hasEndpoints = plan.hasEndpoints;
   const internalChain = plan.internalUsesLocalChain ? ch.svl : ch.svc;
   const hasInternal = plan.hasInternalEndpoints;
-  const externalPolicyChain = plan.externalUsesLocalChain ? ch.svl : ch.svc;
   const hasExternal = plan.hasExternalEndpoints;
   const usesFW = plan.usesFirewallChain;
   const lbChain = usesFW ? ch.fw : ch.ext;
@@ -267,13 +267,55 @@ export function renderServicePort(
     nFilter++;
   }
 
-  // The port's own chains.
-  let lines = "", rules = "";
-  let nRules = 0;
+  // The port's own chains (their rules are rendered by renderChainRules, when the port is written).
   const chains: string[] = [];
+  if (plan.usesExternalChain) chains.push(ch.ext);
+  if (usesFW) chains.push(ch.fw);
+  if (plan.usesClusterPolicyChain) chains.push(ch.svc);
+  if (plan.usesLocalPolicyChain) chains.push(ch.svl);
+  for (const sep of seps) chains.push(sep);
 
-  if (hasInternal) {
-    const args = `-m comment --comment "${name} cluster IP" ${pp} -d ${info.clusterIP} --dport ${port}`;
+  const [filterBytes, dispatchBytes] = encodePair(filter, dispatch);
+  return {
+    state: st,
+    filter: filterBytes,
+    dispatch: dispatchBytes,
+    chains,
+    filterRuleCount: nFilter,
+    dispatchRuleCount: nDispatch,
+    chainRuleCount: -1,
+    largeCluster,
+    noLocalInternal,
+    noLocalExternal,
+  };
+}
+
+/**
+ * The rules of a port's own nat chains (the `:CHAIN` declarations are `block.chains`), exactly as upstream's
+ * per-service loop writes them; sets `block.chainRuleCount`. Depends only on the block (its state, chain names
+ * and large-cluster setting) and `cfg`, so rendering it again gives the same bytes.
+ */
+export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): string {
+  const st = block.state;
+  const info = st.info;
+  const sel = st.selection;
+  const plan = st.plan;
+  const proto = info.protocol.toLowerCase();
+  const name = info.nameString;
+  const ch = servicePortChains(name, proto);
+  const largeCluster = block.largeCluster;
+  const pp = `-m ${proto} -p ${proto}`;
+  const reachable = sel.allReachableEndpoints;
+  const sepBase = block.chains.length - reachable.length;
+  const extLocal = plan.externalPolicyLocal;
+  const internalChain = plan.internalUsesLocalChain ? ch.svl : ch.svc;
+  const externalPolicyChain = plan.externalUsesLocalChain ? ch.svl : ch.svc;
+  const hasExternal = plan.hasExternalEndpoints;
+  let rules = "";
+  let nRules = 0;
+
+  if (plan.hasInternalEndpoints) {
+    const args = `-m comment --comment "${name} cluster IP" ${pp} -d ${info.clusterIP} --dport ${info.port}`;
     if (cfg.masqueradeAll) {
       rules += `-A ${internalChain} ${args} -j KUBE-MARK-MASQ\n`;
       nRules++;
@@ -284,8 +326,6 @@ export function renderServicePort(
   }
 
   if (plan.usesExternalChain) {
-    lines += `:${ch.ext} - [0:0]\n`;
-    chains.push(ch.ext);
     if (!extLocal) {
       rules +=
         `-A ${ch.ext} -m comment --comment "masquerade traffic for ${name} external destinations" -j KUBE-MARK-MASQ\n`;
@@ -308,9 +348,7 @@ export function renderServicePort(
     }
   }
 
-  if (usesFW) {
-    lines += `:${ch.fw} - [0:0]\n`;
-    chains.push(ch.fw);
+  if (plan.usesFirewallChain) {
     const head = `-A ${ch.fw} -m comment --comment "${name} loadbalancer IP"`;
     let allowFromNode = false;
     for (const cidr of info.loadBalancerSourceRanges) {
@@ -329,12 +367,28 @@ export function renderServicePort(
     nRules++;
   }
 
+  // The SEP chain of an endpoint of a policy list (a sorted subset of the sorted reachable list).
+  const sepOf = (eps: readonly EndpointInfo[]): string[] => {
+    const out: string[] = new Array(eps.length);
+    let j = 0;
+    for (let i = 0; i < eps.length; i++) {
+      const e = eps[i];
+      while (j < reachable.length && reachable[j] !== e && reachable[j].endpoint < e.endpoint) j++;
+      if (j >= reachable.length || reachable[j].endpoint !== e.endpoint) {
+        throw new Error(`endpoint ${e.endpoint} of ${name} is not among its reachable endpoints`);
+      }
+      out[i] = block.chains[sepBase + j];
+    }
+    return out;
+  };
+
   const affinity = info.stickyMaxAgeSeconds > 0;
   const writeLB = (chain: string, eps: readonly EndpointInfo[]) => {
+    const seps = sepOf(eps);
     if (affinity) {
-      for (const ep of eps) {
-        const sep = seps.get(ep.endpoint)!;
-        const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${ep.endpoint}"`;
+      for (let i = 0; i < eps.length; i++) {
+        const sep = seps[i];
+        const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${eps[i].endpoint}"`;
         rules +=
           `-A ${chain}${c} -m recent --name ${sep} --rcheck --seconds ${info.stickyMaxAgeSeconds} --reap -j ${sep}\n`;
         nRules++;
@@ -342,55 +396,29 @@ export function renderServicePort(
     }
     const n = eps.length;
     for (let i = 0; i < n; i++) {
-      const ep = eps[i];
-      const sep = seps.get(ep.endpoint)!;
-      const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${ep.endpoint}"`;
+      const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${eps[i].endpoint}"`;
       const p = i < n - 1 ? ` -m statistic --mode random --probability ${probability(n - i)}` : "";
-      rules += `-A ${chain}${c}${p} -j ${sep}\n`;
+      rules += `-A ${chain}${c}${p} -j ${seps[i]}\n`;
       nRules++;
     }
   };
 
-  if (plan.usesClusterPolicyChain) {
-    lines += `:${ch.svc} - [0:0]\n`;
-    chains.push(ch.svc);
-    writeLB(ch.svc, clusterEps);
-  }
-  if (plan.usesLocalPolicyChain) {
-    lines += `:${ch.svl} - [0:0]\n`;
-    chains.push(ch.svl);
-    writeLB(ch.svl, localEps);
-  }
+  if (plan.usesClusterPolicyChain) writeLB(ch.svc, sel.clusterEndpoints ?? []);
+  if (plan.usesLocalPolicyChain) writeLB(ch.svl, sel.localEndpoints ?? []);
 
   const sepComment = largeCluster ? "" : ` -m comment --comment ${name}`;
   const recent = affinity ? " -m recent --name " : "";
-  for (const ep of sel.allReachableEndpoints) {
-    const sep = seps.get(ep.endpoint)!;
-    lines += `:${sep} - [0:0]\n`;
-    chains.push(sep);
+  for (let i = 0; i < reachable.length; i++) {
+    const ep = reachable[i];
+    const sep = block.chains[sepBase + i];
     rules += `-A ${sep}${sepComment} -s ${ipOnly(ep)} -j KUBE-MARK-MASQ\n`;
     rules += `-A ${sep}${sepComment}${
       affinity ? recent + sep + " --set" : ""
     } ${pp} -j DNAT --to-destination ${ep.endpoint}\n`;
     nRules += 2;
   }
-
-  const [filterBytes, dispatchBytes] = encodePair(filter, dispatch);
-  const [lineBytes, ruleBytes] = encodePair(lines, rules);
-  return {
-    state: st,
-    filter: filterBytes,
-    dispatch: dispatchBytes,
-    chainLines: lineBytes,
-    chainRules: ruleBytes,
-    chains,
-    filterRuleCount: nFilter,
-    dispatchRuleCount: nDispatch,
-    chainRuleCount: nRules,
-    largeCluster,
-    noLocalInternal,
-    noLocalExternal,
-  };
+  block.chainRuleCount = nRules;
+  return rules;
 }
 
 /** Static filter rules written before the per-service rules (the localnet block rule). */
