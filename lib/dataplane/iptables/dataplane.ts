@@ -28,7 +28,7 @@ import {
   iptablesRulesTotal,
 } from "../../metrics.ts";
 import { type IptablesBackend, type IptablesTools, iptablesTools } from "../iptables_backend.ts";
-import { isServiceChainName } from "./chain_names.ts";
+import { chainNames, isServiceChainName, type PortChains, removedChainNames } from "./chain_names.ts";
 import { ChunkWriter, collectChunks, DEFAULT_CHUNK_BYTES, extractLines, SectionCache } from "../payload.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";
 import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
@@ -100,16 +100,6 @@ const decoder = new TextDecoder();
 /** A copy of `s` that does not keep a larger string it was sliced from alive. */
 function ownString(s: string): string {
   return s.length < 13 ? s : (" " + s).slice(1);
-}
-
-/** Chains of `old` missing from `now` (a set only for long lists). */
-function removedChains(old: readonly string[], now: readonly string[], out: string[]): void {
-  if (now.length > 16) {
-    const keep = new Set(now);
-    for (const c of old) if (!keep.has(c)) out.push(c);
-  } else {
-    for (const c of old) if (!now.includes(c)) out.push(c);
-  }
 }
 
 /** Parses iptables-restore's "line N failed" / "line N: ..." error. */
@@ -197,7 +187,7 @@ export class IptablesDataplane implements Dataplane {
   /** Bytes per chunk handed to iptables-restore. */
   private readonly chunkBytes: number;
   /** Chains of each port as last successfully written. */
-  private applied = new Map<string, readonly string[]>();
+  private applied = new Map<string, PortChains>();
   private needFull = true;
   private largeCluster = false;
   /** The last restore left rules in nat KUBE-SERVICES (checked by needsFullSync in small clusters). */
@@ -604,7 +594,7 @@ export class IptablesDataplane implements Dataplane {
         const old = applied.get(name);
         if (old !== undefined) appliedSeen++;
         if (old !== b.chains) {
-          if (old !== undefined) removedChains(old, b.chains, p.deleted);
+          if (old !== undefined) removedChainNames(old, b.chains, p.deleted);
           p.appliedChanged.set(name, b.chains);
         }
       }
@@ -618,7 +608,7 @@ export class IptablesDataplane implements Dataplane {
       }
       for (const [name, chains] of applied) {
         if (!snapshot.servicePorts.has(name)) {
-          p.deleted.push(...chains);
+          p.deleted.push(...chainNames(chains));
           p.appliedChanged.set(name, null);
         }
       }
@@ -626,7 +616,7 @@ export class IptablesDataplane implements Dataplane {
     if (p.scan) {
       // Leftovers found by iptables-save (start, or after a failure): anything of ours not written now.
       const active = new Set<string>(p.deleted);
-      for (const b of blocks.values()) for (const c of b.chains) active.add(c);
+      for (const b of blocks.values()) for (const c of chainNames(b.chains)) active.add(c);
       for (const c of p.scan.chains.nat) {
         if (!active.has(c) && isServiceChainName(c)) {
           active.add(c);
@@ -655,7 +645,7 @@ export class IptablesDataplane implements Dataplane {
     yield* w.text(p.fTail);
     yield* w.text(p.natHead);
     for (const b of p.written) {
-      for (const c of b.chains) yield* w.text(`:${c} - [0:0]\n`);
+      for (const c of chainNames(b.chains)) yield* w.text(`:${c} - [0:0]\n`);
     }
     for (const c of p.deleted) yield* w.text(`:${c} - [0:0]\n`);
     yield* w.text(p.nHead);
@@ -707,7 +697,7 @@ interface Plan {
   /** Chains deleted by this payload. */
   deleted: string[];
   /** Chains of each port as this payload leaves them (null: the port is gone). */
-  appliedChanged: Map<string, readonly string[] | null>;
+  appliedChanged: Map<string, PortChains | null>;
   /** The nat dispatch section. */
   dispatch: Uint8Array;
   /** Payload size. */

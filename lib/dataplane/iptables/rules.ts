@@ -11,7 +11,17 @@
 
 import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
 import type { NoEndpointVerdict } from "../../proxy/service_plan.ts";
-import { endpointChainName, servicePortChains } from "./chain_names.ts";
+import {
+  CHAIN_EXT,
+  CHAIN_FW,
+  CHAIN_SVC,
+  CHAIN_SVL,
+  chainsOfHash,
+  endpointHash,
+  type PortChains,
+  sepName,
+  servicePortHash,
+} from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
 import { cidrContains } from "../../net/ip.ts";
 
@@ -77,10 +87,10 @@ export interface ServicePortBlock {
   /** nat rules in KUBE-SERVICES and KUBE-NODEPORTS (always written). */
   dispatch: Uint8Array;
   /**
-   * Names of the port's own nat chains, in declaration order: EXT, FW, SVC, SVL (those it uses), then one SEP
-   * chain per `state.selection.allReachableEndpoints` entry, in that order.
+   * The port's own nat chains (compactly; `chainNames` lists them), in declaration order: EXT, FW, SVC, SVL
+   * (those it uses), then one SEP chain per `state.selection.allReachableEndpoints` entry, in that order.
    */
-  readonly chains: readonly string[];
+  readonly chains: PortChains;
   readonly filterRuleCount: number;
   readonly dispatchRuleCount: number;
   /** Rules in the port's own chains; -1 until {@linkcode renderChainRules} ran for this block. */
@@ -132,32 +142,31 @@ function ipOnly(ep: EndpointInfo): string {
 }
 
 /**
- * The KUBE-SEP chain names of a port's reachable endpoints (in `eps` order), reusing the names of `prev` (the
- * same port's previous block, rendered with the same settings) for endpoints it already had, so that a re-render
- * only hashes new endpoints without a process-wide name cache. A block's SEP chains are its last chains, one per
- * `state.selection.allReachableEndpoints` entry in that (endpoint-sorted) order.
+ * The KUBE-SEP chain hashes of a port's reachable endpoints (in `eps` order, concatenated), reusing those of
+ * `prev` (the same port's previous block, rendered with the same settings) for endpoints it already had, so that
+ * a re-render only hashes new endpoints without a process-wide name cache.
  */
-function sepNames(
+function sepHashes(
   eps: readonly EndpointInfo[],
   name: string,
   proto: string,
   prev: ServicePortBlock | undefined,
-): string[] {
+): string {
   const out: string[] = new Array(eps.length);
   const old = prev !== undefined && prev.state.info.nameString === name &&
       prev.state.info.protocol.toLowerCase() === proto
     ? prev.state.selection.allReachableEndpoints
     : [];
-  const base = prev !== undefined ? prev.chains.length - old.length : 0;
+  const seps = prev?.chains.seps ?? "";
   let j = 0;
   for (let i = 0; i < eps.length; i++) {
     const e = eps[i].endpoint;
     while (j < old.length && old[j].endpoint < e) j++;
     out[i] = j < old.length && old[j].endpoint === e
-      ? prev!.chains[base + j]
-      : endpointChainName(name, proto, e);
+      ? seps.substring(j << 4, (j + 1) << 4)
+      : endpointHash(name, proto, e);
   }
-  return out;
+  return out.join("");
 }
 
 /**
@@ -176,8 +185,11 @@ export function renderServicePort(
   const sel = st.selection;
   const proto = info.protocol.toLowerCase();
   const name = info.nameString;
-  const ch = servicePortChains(name, proto);
-  const seps = sepNames(sel.allReachableEndpoints, name, proto, prev);
+  const samePort = prev !== undefined && prev.state.info.nameString === name &&
+    prev.state.info.protocol === info.protocol;
+  const hash = samePort ? prev.chains.hash : servicePortHash(name, proto);
+  const ch = chainsOfHash(hash);
+  const seps = sepHashes(sel.allReachableEndpoints, name, proto, prev);
   const pp = `-m ${proto} -p ${proto}`;
   const port = String(info.port);
 
@@ -268,12 +280,9 @@ export function renderServicePort(
   }
 
   // The port's own chains (their rules are rendered by renderChainRules, when the port is written).
-  const chains: string[] = [];
-  if (plan.usesExternalChain) chains.push(ch.ext);
-  if (usesFW) chains.push(ch.fw);
-  if (plan.usesClusterPolicyChain) chains.push(ch.svc);
-  if (plan.usesLocalPolicyChain) chains.push(ch.svl);
-  for (const sep of seps) chains.push(sep);
+  const kinds = (plan.usesExternalChain ? CHAIN_EXT : 0) | (usesFW ? CHAIN_FW : 0) |
+    (plan.usesClusterPolicyChain ? CHAIN_SVC : 0) | (plan.usesLocalPolicyChain ? CHAIN_SVL : 0);
+  const chains: PortChains = { hash, kinds, seps };
 
   const [filterBytes, dispatchBytes] = encodePair(filter, dispatch);
   return {
@@ -302,11 +311,10 @@ export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): st
   const plan = st.plan;
   const proto = info.protocol.toLowerCase();
   const name = info.nameString;
-  const ch = servicePortChains(name, proto);
+  const ch = chainsOfHash(block.chains.hash);
   const largeCluster = block.largeCluster;
   const pp = `-m ${proto} -p ${proto}`;
   const reachable = sel.allReachableEndpoints;
-  const sepBase = block.chains.length - reachable.length;
   const extLocal = plan.externalPolicyLocal;
   const internalChain = plan.internalUsesLocalChain ? ch.svl : ch.svc;
   const externalPolicyChain = plan.externalUsesLocalChain ? ch.svl : ch.svc;
@@ -377,7 +385,7 @@ export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): st
       if (j >= reachable.length || reachable[j].endpoint !== e.endpoint) {
         throw new Error(`endpoint ${e.endpoint} of ${name} is not among its reachable endpoints`);
       }
-      out[i] = block.chains[sepBase + j];
+      out[i] = sepName(block.chains, j);
     }
     return out;
   };
@@ -410,7 +418,7 @@ export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): st
   const recent = affinity ? " -m recent --name " : "";
   for (let i = 0; i < reachable.length; i++) {
     const ep = reachable[i];
-    const sep = block.chains[sepBase + i];
+    const sep = sepName(block.chains, i);
     rules += `-A ${sep}${sepComment} -s ${ipOnly(ep)} -j KUBE-MARK-MASQ\n`;
     rules += `-A ${sep}${sepComment}${
       affinity ? recent + sep + " --set" : ""
