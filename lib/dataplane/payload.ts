@@ -89,16 +89,16 @@ export function collectChunks(chunks: Iterable<Uint8Array>): Uint8Array {
 }
 
 /**
- * A section made of one byte block per service port in snapshot order (e.g. iptables' nat dispatch rules).
+ * A section made of one text block per service port in snapshot order (e.g. iptables' nat dispatch rules).
  * The concatenation is kept and rebuilt only when some block or the order changed, so a partial sync writes a
  * whole dispatch chain as one block.
  */
 export class SectionCache {
-  private refs: Uint8Array[] = [];
+  private refs: string[] = [];
   private n = 0;
   private dirty = true;
-  private cat: Uint8Array = new Uint8Array(0);
-  /** Bytes of the section being collected. */
+  private cat = "";
+  /** Characters of the section being collected. */
   size = 0;
 
   /** Starts collecting the blocks of one payload. */
@@ -108,7 +108,7 @@ export class SectionCache {
   }
 
   /** Adds the next block (empty blocks are skipped). */
-  push(b: Uint8Array): void {
+  push(b: string): void {
     if (b.length === 0) return;
     if (this.refs[this.n] !== b) {
       this.dirty = true;
@@ -119,19 +119,13 @@ export class SectionCache {
   }
 
   /** The collected section (the cached concatenation, rebuilt when something changed). */
-  bytes(): Uint8Array {
+  text(): string {
     if (this.refs.length !== this.n) {
       this.refs.length = this.n;
       this.dirty = true;
     }
     if (this.dirty) {
-      const cat = new Uint8Array(this.size);
-      let p = 0;
-      for (const b of this.refs) {
-        cat.set(b, p);
-        p += b.length;
-      }
-      this.cat = cat;
+      this.cat = this.refs.join("");
       this.dirty = false;
     }
     return this.cat;
@@ -142,7 +136,7 @@ export class SectionCache {
     this.refs = [];
     this.n = 0;
     this.dirty = true;
-    this.cat = new Uint8Array(0);
+    this.cat = "";
   }
 }
 

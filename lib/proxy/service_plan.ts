@@ -58,7 +58,7 @@ export function planServicePort(info: ServicePortInfo, sel: EndpointSelection): 
   const hasExternalEndpoints = hasEndpoints && !(externalPolicyLocal && !hasLocal);
   // With no endpoints at all, traffic is rejected; with endpoints only elsewhere under a Local policy, dropped.
   const verdict = (has: boolean): NoEndpointVerdict | null => has ? null : hasEndpoints ? "drop" : "reject";
-  return {
+  return intern({
     externallyAccessible,
     externalPolicyLocal,
     hasEndpoints,
@@ -73,7 +73,17 @@ export function planServicePort(info: ServicePortInfo, sel: EndpointSelection): 
       info.loadBalancerSourceRanges.length > 0,
     internalVerdict: verdict(hasInternalEndpoints),
     externalVerdict: verdict(hasExternalEndpoints),
-  };
+  });
+}
+
+const plans = new Map<string, ServicePortPlan>();
+
+/** One shared (frozen) object per distinct plan: plans hold only flags, and most ports have the same few. */
+function intern(p: ServicePortPlan): ServicePortPlan {
+  const key = Object.values(p).join(",");
+  let hit = plans.get(key);
+  if (hit === undefined) plans.set(key, hit = Object.freeze(p));
+  return hit;
 }
 
 /**

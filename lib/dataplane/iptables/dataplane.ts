@@ -55,7 +55,6 @@ import {
   renderChainRules,
   type RenderConfig,
   renderServicePort,
-  sameBytes,
   type ServicePortBlock,
 } from "./rules.ts";
 
@@ -536,7 +535,7 @@ export class IptablesDataplane implements Dataplane {
       written: [],
       deleted: [],
       appliedChanged: new Map(),
-      dispatch: new Uint8Array(0),
+      dispatch: "",
       bytes: 0,
       filterRules: 0,
       natRulesWritten: 0,
@@ -576,8 +575,8 @@ export class IptablesDataplane implements Dataplane {
           if (b !== undefined) {
             // Keep the old dispatch/filter views when their bytes did not change (an endpoint change), so
             // that the cached section concatenation stays valid.
-            if (sameBytes(b.dispatch, nb.dispatch)) nb.dispatch = b.dispatch;
-            if (sameBytes(b.filter, nb.filter)) nb.filter = b.filter;
+            if (b.dispatch === nb.dispatch) nb.dispatch = b.dispatch;
+            if (b.filter === nb.filter) nb.filter = b.filter;
           }
           b = nb;
           rendered = true;
@@ -585,7 +584,7 @@ export class IptablesDataplane implements Dataplane {
         }
       }
       p.order.push(b);
-      yield* w.bytes(b.filter);
+      yield* w.text(b.filter);
       dispatchSec.push(b.dispatch);
       filterRules += b.filterRuleCount;
       dispatchRules += b.dispatchRuleCount;
@@ -624,7 +623,7 @@ export class IptablesDataplane implements Dataplane {
         }
       }
     }
-    p.dispatch = dispatchSec.bytes();
+    p.dispatch = dispatchSec.text();
     yield* this.emitNat(w, p);
 
     let chainRulesWritten = 0, chainRulesAll = 0;
@@ -649,7 +648,7 @@ export class IptablesDataplane implements Dataplane {
     }
     for (const c of p.deleted) yield* w.text(`:${c} - [0:0]\n`);
     yield* w.text(p.nHead);
-    yield* w.bytes(p.dispatch);
+    yield* w.text(p.dispatch);
     for (const b of p.written) yield* w.text(renderChainRules(b, p.cfg));
     yield* w.text(p.tail);
     for (const c of p.deleted) yield* w.text(`-X ${c}\n`);
@@ -663,7 +662,7 @@ export class IptablesDataplane implements Dataplane {
   private *replay(p: Plan): Generator<Uint8Array, void, undefined> {
     const w = new ChunkWriter(this.chunkBytes);
     yield* w.text(p.head);
-    for (const b of p.order) yield* w.bytes(b.filter);
+    for (const b of p.order) yield* w.text(b.filter);
     yield* this.emitNat(w, p);
   }
 }
@@ -699,7 +698,7 @@ interface Plan {
   /** Chains of each port as this payload leaves them (null: the port is gone). */
   appliedChanged: Map<string, PortChains | null>;
   /** The nat dispatch section. */
-  dispatch: Uint8Array;
+  dispatch: string;
   /** Payload size. */
   bytes: number;
   filterRules: number;

@@ -24,6 +24,7 @@ import {
 } from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
 import { cidrContains } from "../../net/ip.ts";
+import { flatString } from "../../flat_string.ts";
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
 export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;
@@ -74,8 +75,8 @@ export interface RenderConfig {
 }
 
 /**
- * One rendered service port: its filter and nat dispatch rules as bytes (encoded once when the port changes,
- * written on every sync) and the names of its own nat chains. The rules of those chains, the bulk of a payload,
+ * One rendered service port: its filter and nat dispatch rules (rendered once when the port changes, written on
+ * every sync) and the names of its own nat chains. The rules of those chains, the bulk of a payload,
  * are not kept: {@linkcode renderChainRules} renders them when the port is written (on a change, and on full
  * syncs), straight into the payload stream.
  */
@@ -83,9 +84,9 @@ export interface ServicePortBlock {
   /** The state this block was rendered from (identity check for the cache). */
   state: ServicePortState;
   /** Filter rules (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-PROXY-FIREWALL, KUBE-NODEPORTS). */
-  filter: Uint8Array;
+  filter: string;
   /** nat rules in KUBE-SERVICES and KUBE-NODEPORTS (always written). */
-  dispatch: Uint8Array;
+  dispatch: string;
   /**
    * The port's own nat chains (compactly; `chainNames` lists them), in declaration order: EXT, FW, SVC, SVL
    * (those it uses), then one SEP chain per `state.selection.allReachableEndpoints` entry, in that order.
@@ -101,40 +102,6 @@ export interface ServicePortBlock {
   readonly noLocalInternal: boolean;
   /** eTP=Local without local endpoints (DROP for external destinations). */
   readonly noLocalExternal: boolean;
-}
-
-const blockEncoder = new TextEncoder();
-
-/** Encodes `a + b` into one buffer and returns the two views (one allocation; ASCII fast path). */
-function encodePair(a: string, b: string): [Uint8Array, Uint8Array] {
-  const s = a + b;
-  const buf = new Uint8Array(s.length);
-  const r = blockEncoder.encodeInto(s, buf);
-  if (r.read === s.length && r.written === s.length) {
-    return [buf.subarray(0, a.length), buf.subarray(a.length)];
-  }
-  // Non-ASCII text (not produced by valid Kubernetes names, but stay correct).
-  const x = blockEncoder.encode(a), y = blockEncoder.encode(b);
-  const all = new Uint8Array(x.length + y.length);
-  all.set(x);
-  all.set(y, x.length);
-  return [all.subarray(0, x.length), all.subarray(x.length)];
-}
-
-/** True when two byte views hold the same bytes. */
-export function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
-  if (a === b) return true;
-  const n = a.length;
-  if (n !== b.length) return false;
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
-const textDecoder = new TextDecoder();
-
-/** The text of a block part (tests, debugging). */
-export function blockText(part: Uint8Array): string {
-  return textDecoder.decode(part);
 }
 
 function ipOnly(ep: EndpointInfo): string {
@@ -284,11 +251,11 @@ export function renderServicePort(
     (plan.usesClusterPolicyChain ? CHAIN_SVC : 0) | (plan.usesLocalPolicyChain ? CHAIN_SVL : 0);
   const chains: PortChains = { hash, kinds, seps };
 
-  const [filterBytes, dispatchBytes] = encodePair(filter, dispatch);
   return {
     state: st,
-    filter: filterBytes,
-    dispatch: dispatchBytes,
+    // Kept as long as the port is unchanged: flattened (a concatenation would keep every piece).
+    filter: flatString(filter),
+    dispatch: flatString(dispatch),
     chains,
     filterRuleCount: nFilter,
     dispatchRuleCount: nDispatch,
