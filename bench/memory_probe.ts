@@ -33,13 +33,22 @@ function heap(): number {
 const mib = (n: number) => (n / 1048576).toFixed(1).padStart(7);
 let last = heap();
 const base = last;
+/** RSS of the malloc heap ([heap] in /proc/self/smaps), where ArrayBuffers and runtime allocations live. */
+function mallocHeap(): number {
+  const smaps = Deno.readTextFileSync("/proc/self/smaps");
+  const at = smaps.indexOf("[heap]");
+  if (at < 0) return 0;
+  const m = smaps.slice(at).match(/\nRss:\s+(\d+) kB/);
+  return m ? Number(m[1]) * 1024 : 0;
+}
+
 function step(label: string): void {
   const h = heap();
   const m = Deno.memoryUsage();
   console.log(
-    `${label.padEnd(52)} heap ${mib(h)} MiB (+${mib(h - last)})  external ${mib(m.external)}  rss ${
-      mib(m.rss)
-    }`,
+    `${label.padEnd(52)} heap ${mib(h)} MiB (+${mib(h - last)})  external ${mib(m.external)}  malloc heap ${
+      mib(mallocHeap())
+    }  rss ${mib(m.rss)}`,
   );
   last = h;
 }

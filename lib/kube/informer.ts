@@ -201,21 +201,37 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
   // ReflectorStore
 
   /** @internal Replaces the cache with a list result, emitting only the differences. */
-  replace(items: T[], _rv: string, historyReset = false): void {
+  replace(items: T[], rv: string, historyReset = false): void {
+    const s = this.beginReplace(historyReset);
+    for (const obj of items) s.add(obj);
+    s.end(rv);
+  }
+
+  /**
+   * @internal A list delivered item by item (what {@link replace} does at once): each item is cached (in its
+   * kept form) and dispatched as it comes; `end` removes what the list did not have and marks the cache synced.
+   */
+  beginReplace(historyReset = false): { add(obj: T): void; end(rv: string): void } {
     const initial = !this.synced;
     const seen = new Set<string>();
-    for (const obj of items) {
-      stripManagedFields(obj);
-      const key = objectKey(obj);
-      seen.add(key);
-      const old = this.cache.get(key);
-      this.cache.set(key, this.keep(obj));
-      if (!old) this.dispatch("onAdd", (h) => h.onAdd?.(obj, initial));
-      else if (historyReset || old.metadata?.resourceVersion !== obj.metadata?.resourceVersion) {
-        // After a history reset every object is delivered as an update: handlers drop the no-op ones.
-        this.dispatch("onUpdate", (h) => h.onUpdate?.(old, obj));
-      }
-    }
+    return {
+      add: (obj: T) => {
+        stripManagedFields(obj);
+        const key = objectKey(obj);
+        seen.add(key);
+        const old = this.cache.get(key);
+        this.cache.set(key, this.keep(obj));
+        if (!old) this.dispatch("onAdd", (h) => h.onAdd?.(obj, initial));
+        else if (historyReset || old.metadata?.resourceVersion !== obj.metadata?.resourceVersion) {
+          // After a history reset every object is delivered as an update: handlers drop the no-op ones.
+          this.dispatch("onUpdate", (h) => h.onUpdate?.(old, obj));
+        }
+      },
+      end: (_rv: string) => this.endReplace(seen),
+    };
+  }
+
+  private endReplace(seen: Set<string>): void {
     if (this.cache.size !== seen.size) {
       for (const [key, old] of this.cache) {
         if (seen.has(key)) continue;
