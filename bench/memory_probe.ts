@@ -5,6 +5,7 @@
  * Run: `deno run -A --v8-flags=--expose-gc bench/memory_probe.ts [services] [endpoints]`
  */
 import type { CommandResult, CommandRunner, CommandSpec } from "../lib/exec.ts";
+import { getHeapStatistics as v8h } from "node:v8";
 import { IptablesDataplane } from "../lib/dataplane/iptables/dataplane.ts";
 import {
   type Informer,
@@ -48,7 +49,7 @@ function step(label: string): void {
   console.log(
     `${label.padEnd(52)} heap ${mib(h)} MiB (+${mib(h - last)})  external ${mib(m.external)}  malloc heap ${
       mib(mallocHeap())
-    }  rss ${mib(m.rss)}`,
+    }  rss ${mib(m.rss)}  v8 malloced ${mib(v8h().malloced_memory)} peak ${mib(v8h().peak_malloced_memory)}`,
   );
   last = h;
 }

@@ -53,15 +53,27 @@ export class ChunkWriter {
     this.#pos += n;
   }
 
-  /** Appends text, UTF-8 encoded in place. */
+  /**
+   * Appends text, UTF-8 encoded in place. A long text is encoded a buffer's worth at a time: the encoder copies
+   * the whole string it is given out of the JS heap first, so handing it a megabyte-long section would allocate
+   * (and fragment) that much outside the heap on every sync.
+   */
   *text(s: string): Generator<Uint8Array, void, undefined> {
-    let rest = s;
-    while (rest.length > 0) {
-      const r = encoder.encodeInto(rest, this.#buf.subarray(this.#pos));
+    let i = 0;
+    while (i < s.length) {
+      const space = this.#buf.length - this.#pos;
+      if (space < 4) {
+        yield this.#take();
+        continue;
+      }
+      let end = Math.min(s.length, i + space);
+      // Do not split a surrogate pair.
+      if (end < s.length && (s.charCodeAt(end - 1) & 0xfc00) === 0xd800) end--;
+      const piece = i === 0 && end === s.length ? s : s.substring(i, end);
+      const r = encoder.encodeInto(piece, this.#buf.subarray(this.#pos));
       this.#pos += r.written;
-      if (r.read === rest.length) return;
-      rest = rest.slice(r.read);
-      yield this.#take();
+      i += r.read;
+      if (r.read < piece.length) yield this.#take();
     }
   }
 
