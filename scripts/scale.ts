@@ -12,7 +12,8 @@
  * agent's PATH log each invocation (ns timestamps, exit code) and keep each restore payload.
  * - first full sync: agent spawn → exit of the first successful IPv4 restore that holds every Service's
  *   cluster-IP rule; and the bare `iptables-restore` time of that same payload into a fresh namespace;
- * - RSS after settling (median over the last 2 s of `--settle` seconds after the first sync), during churn
+ * - RSS after settling (median over the last 2 s of `--settle` seconds after the first sync, default 40: V8 gives
+ *   memory back about 30 s after a burst), during churn
  *   (median) and peak (VmHWM), from /proc; CPU seconds per second of churn (agent, and reaped children);
  * - event → kernel latency for endpoint changes (the restore that carries `--to-destination <new IP>:8080`) and
  *   for added Services (the restore that carries the new cluster IP's `-j KUBE-SVC-` rule): handed to the kernel
@@ -658,7 +659,7 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
     serviceAdds: 1,
     duration: 30,
     minSync: 1,
-    settle: 10,
+    settle: 40,
     timeout: 900,
     bareRestore: true,
     seed: 13,
