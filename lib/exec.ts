@@ -100,6 +100,7 @@ async function readAll(stream: ReadableStream<Uint8Array>): Promise<string> {
 async function writeStdin(
   stdin: WritableStream<Uint8Array>,
   data: string | Uint8Array | Iterable<Uint8Array>,
+  kill: () => void,
 ) {
   const writer = stdin.getWriter();
   const write = async (b: Uint8Array): Promise<boolean> => {
@@ -116,7 +117,16 @@ async function writeStdin(
   else {
     const it = data[Symbol.iterator]();
     while (open) {
-      const r = it.next(); // a producer error propagates
+      let r: IteratorResult<Uint8Array>;
+      try {
+        r = it.next();
+      } catch (err) {
+        // The producer failed: the child must not apply a truncated input. Kill it first, then let go of the
+        // pipe (closing it first could let the child read an end-of-file and commit what it has).
+        kill();
+        await writer.abort(err).catch(() => {});
+        throw err;
+      }
       if (r.done) break;
       if (r.value.length > 0) open = await write(r.value);
     }
@@ -172,12 +182,10 @@ export class DenoCommandRunner implements CommandRunner {
     try {
       if (spec.stdin !== undefined) {
         try {
-          await writeStdin(child.stdin, spec.stdin);
+          await writeStdin(child.stdin, spec.stdin, kill);
         } catch (err) {
-          // The producer of the chunks failed: the child must not apply a truncated input.
-          kill();
+          // The producer of the chunks failed; writeStdin killed the child.
           await child.status.catch(() => {});
-          await Promise.allSettled([stderr, stdout]);
           throw err;
         }
       }
