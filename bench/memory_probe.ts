@@ -5,8 +5,15 @@
  * Run: `deno run -A --v8-flags=--expose-gc bench/memory_probe.ts [services] [endpoints]`
  */
 import type { CommandResult, CommandRunner, CommandSpec } from "../lib/exec.ts";
+import { getHeapStatistics as v8h } from "node:v8";
 import { IptablesDataplane } from "../lib/dataplane/iptables/dataplane.ts";
-import { type Informer, newEndpointSliceInformer, newServiceInformer } from "../lib/kube/informer.ts";
+import {
+  type Informer,
+  keepEndpointSliceIdentity,
+  keepServiceIdentity,
+  newEndpointSliceInformer,
+  newServiceInformer,
+} from "../lib/kube/informer.ts";
 import type { EndpointSlice, KubeObject, Service } from "../lib/kube/types.ts";
 import { configureLogging } from "../lib/log.ts";
 import { Proxier } from "../lib/proxy/proxier.ts";
@@ -27,13 +34,22 @@ function heap(): number {
 const mib = (n: number) => (n / 1048576).toFixed(1).padStart(7);
 let last = heap();
 const base = last;
+/** RSS of the malloc heap ([heap] in /proc/self/smaps), where ArrayBuffers and runtime allocations live. */
+function mallocHeap(): number {
+  const smaps = Deno.readTextFileSync("/proc/self/smaps");
+  const at = smaps.indexOf("[heap]");
+  if (at < 0) return 0;
+  const m = smaps.slice(at).match(/\nRss:\s+(\d+) kB/);
+  return m ? Number(m[1]) * 1024 : 0;
+}
+
 function step(label: string): void {
   const h = heap();
   const m = Deno.memoryUsage();
   console.log(
-    `${label.padEnd(52)} heap ${mib(h)} MiB (+${mib(h - last)})  external ${mib(m.external)}  rss ${
-      mib(m.rss)
-    }`,
+    `${label.padEnd(52)} heap ${mib(h)} MiB (+${mib(h - last)})  external ${mib(m.external)}  malloc heap ${
+      mib(mallocHeap())
+    }  rss ${mib(m.rss)}  v8 malloced ${mib(v8h().malloced_memory)} peak ${mib(v8h().peak_malloced_memory)}`,
   );
   last = h;
 }
@@ -86,8 +102,32 @@ for (let i = 0; i < N; i++) {
 step("baseline (+ JSON text of the objects)");
 
 const client = {} as KubeClient;
-const svcInf = newServiceInformer(client) as Informer<Service>;
-const epInf = newEndpointSliceInformer(client) as Informer<EndpointSlice>;
+// Informers as the agent makes them (FULL_INFORMER_CACHE=1: whole objects, as before issue #13). The caches are
+// measured alone first, with informers that are then dropped, because handlers must be in place before a sync.
+const fullCache = Deno.env.get("FULL_INFORMER_CACHE") === "1";
+const informers = () => ({
+  svcInf: newServiceInformer(client, fullCache ? {} : { cacheTransform: keepServiceIdentity }) as Informer<
+    Service
+  >,
+  epInf: newEndpointSliceInformer(
+    client,
+    fullCache ? {} : { cacheTransform: keepEndpointSliceIdentity },
+  ) as Informer<
+    EndpointSlice
+  >,
+});
+/** Lists every object into the informers (in a function: temporaries must not outlive it in a register). */
+function listInto(inf: ReturnType<typeof informers>): void {
+  inf.svcInf.replace(svcJson.map((s) => JSON.parse(s)), "1");
+  inf.epInf.replace(sliceJson.map((s) => JSON.parse(s)), "1");
+}
+(() => {
+  const alone = informers();
+  listInto(alone);
+  step(`informer caches alone (${fullCache ? "whole objects" : "identities"})`);
+})();
+step("(caches dropped)");
+const { svcInf, epInf } = informers();
 const dp = new Timed(
   new IptablesDataplane({ family: "IPv4", runner: new NullRunner(), backend: "legacy", nodeAddresses: [] }),
 );
@@ -99,10 +139,6 @@ const proxier = new Proxier({
 });
 proxier.onNodeAdd(makeNode("node1", "10.250.0.2") as never);
 
-svcInf.replace(svcJson.map((s) => JSON.parse(s)), "1");
-epInf.replace(sliceJson.map((s) => JSON.parse(s)), "1");
-step("informer caches (raw objects)");
-
 svcInf.addEventHandler({
   onAdd: (o) => proxier.onServiceAdd(o),
   onUpdate: (a, b) => proxier.onServiceUpdate(a, b),
@@ -113,7 +149,8 @@ epInf.addEventHandler({
   onUpdate: (a, b) => proxier.onEndpointSliceUpdate(a, b),
   onDelete: (o) => proxier.onEndpointSliceDelete(o),
 });
-step("proxier trackers (pending changes, slice cache)");
+listInto({ svcInf, epInf });
+step("informer caches + proxier trackers (pending changes, slice cache)");
 
 proxier.start();
 let synced = dp.next();

@@ -14,6 +14,8 @@ import { createKubeClient, type KubeClient } from "./kube/client.ts";
 import { EventRecorder, nodeRef } from "./kube/events.ts";
 import {
   type Informer,
+  keepEndpointSliceIdentity,
+  keepServiceIdentity,
   newEndpointSliceInformer,
   newNodeInformer,
   newServiceCIDRInformer,
@@ -272,14 +274,15 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     onDelete: (n) => proxier.onNodeDelete(n),
   });
 
-  const services = newServiceInformer(client, { resyncMs });
+  // The proxier keeps its own model of Services and EndpointSlices; the informer caches keep only identities.
+  const services = newServiceInformer(client, { resyncMs, cacheTransform: keepServiceIdentity });
   services.addEventHandler({
     onAdd: (s) => proxier.onServiceAdd(s),
     onUpdate: (o, s) => proxier.onServiceUpdate(o, s),
     onDelete: (s) => proxier.onServiceDelete(s),
   });
   services.onSynced(() => proxier.onServicesSynced());
-  const slices = newEndpointSliceInformer(client, { resyncMs });
+  const slices = newEndpointSliceInformer(client, { resyncMs, cacheTransform: keepEndpointSliceIdentity });
   slices.addEventHandler({
     onAdd: (s) => proxier.onEndpointSliceAdd(s),
     onUpdate: (o, s) => proxier.onEndpointSliceUpdate(o, s),

@@ -11,12 +11,20 @@ export interface CommandSpec {
   /** Program name, looked up in PATH (must be in the agent's --allow-run list). */
   cmd: string;
   args: string[];
-  /** Bytes or text written to the child's stdin, which is then closed. */
-  stdin?: string | Uint8Array;
+  /**
+   * Written to the child's stdin, which is then closed: text, bytes, or chunks produced while the child reads
+   * (each chunk is written before the next is requested, and is only valid until then).
+   */
+  stdin?: string | Uint8Array | Iterable<Uint8Array>;
   /** Kill the child after this many milliseconds (default 60 000). */
   timeoutMs?: number;
   /** Capture stdout (default true). Set false for programs that echo large input. */
   captureStdout?: boolean;
+  /**
+   * Receives stdout line by line as it arrives instead of capturing it (`CommandResult.stdout` is then ""), so
+   * that a large output (an `iptables-save` of a big table) is never held whole.
+   */
+  stdoutLines?: (line: string) => void;
 }
 
 /** What a finished program left behind. */
@@ -59,6 +67,75 @@ export interface CommandRunner {
 const decoder = new TextDecoder();
 const encoder = new TextEncoder();
 
+/** Feeds a byte stream to `onLine` line by line (a last line without newline included). */
+async function readLines(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void): Promise<void> {
+  const dec = new TextDecoder();
+  let buf = "";
+  for await (const chunk of stream) {
+    buf += dec.decode(chunk, { stream: true });
+    let start = 0;
+    let nl: number;
+    while ((nl = buf.indexOf("\n", start)) !== -1) {
+      onLine(buf.slice(start, nl));
+      start = nl + 1;
+    }
+    buf = buf.slice(start);
+  }
+  buf += dec.decode();
+  if (buf !== "") onLine(buf);
+}
+
+async function readAll(stream: ReadableStream<Uint8Array>): Promise<string> {
+  const dec = new TextDecoder();
+  let s = "";
+  for await (const chunk of stream) s += dec.decode(chunk, { stream: true });
+  return s + dec.decode();
+}
+
+/**
+ * Writes stdin (text, bytes or chunks as they are produced) and closes it. A write that fails means the child
+ * exited before reading everything (its exit code and stderr say why): writing stops quietly. An error of the
+ * chunk producer is thrown.
+ */
+async function writeStdin(
+  stdin: WritableStream<Uint8Array>,
+  data: string | Uint8Array | Iterable<Uint8Array>,
+  kill: () => void,
+) {
+  const writer = stdin.getWriter();
+  const write = async (b: Uint8Array): Promise<boolean> => {
+    try {
+      await writer.write(b);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  let open = true;
+  if (typeof data === "string") open = await write(encoder.encode(data));
+  else if (data instanceof Uint8Array) open = await write(data);
+  else {
+    const it = data[Symbol.iterator]();
+    while (open) {
+      let r: IteratorResult<Uint8Array>;
+      try {
+        r = it.next();
+      } catch (err) {
+        // The producer failed: the child must not apply a truncated input. Kill it first, then let go of the
+        // pipe (closing it first could let the child read an end-of-file and commit what it has).
+        kill();
+        await writer.abort(err).catch(() => {});
+        throw err;
+      }
+      if (r.done) break;
+      if (r.value.length > 0) open = await write(r.value);
+    }
+    if (!open) it.return?.();
+  }
+  if (open) await writer.close().catch(() => {});
+  else writer.releaseLock();
+}
+
 /** Runs programs with `Deno.Command`: stdin written then closed, stderr captured, a timeout kills the child. */
 export class DenoCommandRunner implements CommandRunner {
   async run(spec: CommandSpec): Promise<CommandResult> {
@@ -69,12 +146,13 @@ export class DenoCommandRunner implements CommandRunner {
 
   async tryRun(spec: CommandSpec): Promise<CommandResult> {
     const capture = spec.captureStdout ?? true;
+    const lines = spec.stdoutLines;
     let child: Deno.ChildProcess;
     try {
       child = new Deno.Command(spec.cmd, {
         args: spec.args,
         stdin: spec.stdin !== undefined ? "piped" : "null",
-        stdout: capture ? "piped" : "null",
+        stdout: capture || lines ? "piped" : "null",
         stderr: "piped",
       }).spawn();
     } catch (err) {
@@ -85,34 +163,37 @@ export class DenoCommandRunner implements CommandRunner {
     }
     const timeoutMs = spec.timeoutMs ?? 60_000;
     let timedOut = false;
-    const timer = setTimeout(() => {
-      timedOut = true;
+    const kill = () => {
       try {
         child.kill("SIGKILL");
       } catch { /* already gone */ }
+    };
+    const timer = setTimeout(() => {
+      timedOut = true;
+      kill();
     }, timeoutMs);
+    // Output is read while stdin is written so that a child echoing its input cannot deadlock.
+    const stderr = readAll(child.stderr);
+    const stdout = lines
+      ? readLines(child.stdout, lines).then(() => "")
+      : capture
+      ? readAll(child.stdout)
+      : "";
     try {
-      // Write stdin while output is collected so that a child echoing its input cannot deadlock.
-      const outputPromise = child.output();
       if (spec.stdin !== undefined) {
-        const bytes = typeof spec.stdin === "string" ? encoder.encode(spec.stdin) : spec.stdin;
-        const writer = child.stdin.getWriter();
         try {
-          await writer.write(bytes);
-          await writer.close();
-        } catch {
-          // The child exited before reading everything; its exit code and stderr say why.
+          await writeStdin(child.stdin, spec.stdin, kill);
+        } catch (err) {
+          // The producer of the chunks failed; writeStdin killed the child.
+          await child.status.catch(() => {});
+          throw err;
         }
       }
-      const out = await outputPromise;
+      const [status, errText, outText] = await Promise.all([child.status, stderr, stdout]);
       if (timedOut) {
         return { code: 124, stdout: "", stderr: `${spec.cmd}: timed out after ${timeoutMs} ms` };
       }
-      return {
-        code: out.code,
-        stdout: capture ? decoder.decode(out.stdout) : "",
-        stderr: decoder.decode(out.stderr),
-      };
+      return { code: status.code, stdout: outText, stderr: errText };
     } finally {
       clearTimeout(timer);
     }
@@ -135,15 +216,25 @@ export class RecordingCommandRunner implements CommandRunner {
   constructor(public responder: Responder = () => undefined) {}
 
   tryRun(spec: CommandSpec): Promise<CommandResult> {
-    const stdin = spec.stdin === undefined
-      ? ""
-      : typeof spec.stdin === "string"
-      ? spec.stdin
-      : decoder.decode(spec.stdin);
+    let stdin = "";
+    if (typeof spec.stdin === "string") stdin = spec.stdin;
+    else if (spec.stdin instanceof Uint8Array) stdin = decoder.decode(spec.stdin);
+    else if (spec.stdin !== undefined) {
+      const dec = new TextDecoder();
+      for (const chunk of spec.stdin) stdin += dec.decode(chunk, { stream: true });
+      stdin += dec.decode();
+    }
     const call = { cmd: spec.cmd, args: [...spec.args], stdin };
     this.calls.push(call);
     const r = this.responder(call) ?? {};
-    return Promise.resolve({ code: r.code ?? 0, stdout: r.stdout ?? "", stderr: r.stderr ?? "" });
+    let stdout = r.stdout ?? "";
+    if (spec.stdoutLines) {
+      const lines = stdout.split("\n");
+      if (lines.at(-1) === "") lines.pop();
+      for (const l of lines) spec.stdoutLines(l);
+      stdout = "";
+    }
+    return Promise.resolve({ code: r.code ?? 0, stdout, stderr: r.stderr ?? "" });
   }
 
   async run(spec: CommandSpec): Promise<CommandResult> {

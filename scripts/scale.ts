@@ -1,96 +1,122 @@
 /**
- * Scale harness (issue #6): the API server simulator with N Services × M endpoints and the real agent
- * (started with the `start` task's exact permission flags) in a throwaway node namespace with real
- * iptables (legacy or nft), churned at a fixed rate of EndpointSlice updates.
+ * Scale harness (issues #6 and #13): the API server simulator with N Services × M endpoints and an agent in a
+ * throwaway node namespace with real iptables (legacy or nft), churned at a fixed rate of EndpointSlice updates
+ * and Service additions. Runs this agent and upstream kube-proxy on the same generated state in one invocation,
+ * alternating, and reports each figure for both and their ratio.
  *
  * ```sh
- * deno run -A scripts/scale.ts --services 10000 --endpoints 10 --backend legacy --churn 20 --duration 30
+ * deno run -A scripts/scale.ts --agents ours,upstream --runs 3 --services 10000 --endpoints 10 --backend legacy
  * ```
  *
- * Measures, and prints as markdown table rows:
- * - start to first complete sync (agent spawn → first IPv4 "SyncProxyRules complete" with every Service);
- * - event latency from the harness's EndpointSlice write (the last-change-trigger-time it stamps) to the
- *   restore that carries the new endpoint IP being started ("handed to the kernel") and finished ("in the
- *   kernel"), found in the payload copies kept by iptables wrapper scripts; and the part of "handed" that is
- *   not the bounded-frequency wait (`start − max(event, previous restore end + minSyncPeriod)`);
- * - the agent's own kubeproxy_network_programming_duration_seconds p50/p99 (bucket upper bounds) as a
- *   cross-check;
- * - generation vs restore time and payload bytes per sync (the dataplane's -v=2 "SyncProxyRules complete"
- *   log line: generateMs, applyMs, bytes);
- * - agent VmRSS (idle after the first sync, median during churn) and VmHWM, CPU seconds per second of churn
- *   (agent utime+stime, and reaped children — iptables-restore and the wrappers — separately);
- * - iptables invocations other than the restore that start during a partial sync (should be 0).
+ * Every figure is measured from outside, the same way for both agents: iptables wrapper scripts first in the
+ * agent's PATH log each invocation (ns timestamps, exit code) and keep each restore payload.
+ * - first full sync: agent spawn → exit of the first successful IPv4 restore that holds every Service's
+ *   cluster-IP rule; and the bare `iptables-restore` time of that same payload into a fresh namespace;
+ * - RSS after settling (median over the last 2 s of `--settle` seconds after the first sync, default 40: V8 gives
+ *   memory back about 30 s after a burst), during churn
+ *   (median) and peak (VmHWM), from /proc; CPU seconds per second of churn (agent, and reaped children);
+ * - event → kernel latency for endpoint changes (the restore that carries `--to-destination <new IP>:8080`) and
+ *   for added Services (the restore that carries the new cluster IP's `-j KUBE-SVC-` rule): handed to the kernel
+ *   (restore start), in the kernel (restore exit), and beyond minSyncPeriod
+ *   (`start − max(event, previous restore end + minSyncPeriod)`, the agent's own share);
+ * - partial restores during churn (count, size, duration).
+ * This agent also logs its generation time per sync (-v=2), reported as an extra.
  *
- * Must run as root. Everything happens in `dkp-scale-<pid>`, deleted afterwards, also on SIGINT/SIGTERM.
+ * Must run as root. Everything happens in `dkp-scale-<pid>[-k]` namespaces, deleted afterwards (also on
+ * SIGINT/SIGTERM).
  * @module
  */
-import { agentCommand } from "../testkit/agent_command.ts";
 import { SimulatorProcess } from "../testkit/apiserver_process.ts";
 import { usePrivateXtablesLock } from "../testkit/xtables_lock.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
-import { IpPool, makeNode, makeService, makeSlice, TARGET_PORT } from "./scale_objects.ts";
-import { type Call, NodeNamespace, parseCalls, writeWrappers } from "./scale_netns.ts";
-
-const REPO = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+import {
+  clusterIPOf,
+  IpPool,
+  makeNode,
+  makeService,
+  makeSlice,
+  SCALE_NAMESPACE,
+  seededRandom,
+  TARGET_PORT,
+} from "./scale_objects.ts";
+import { type Call, NodeNamespace, parseCalls, sh, writeWrappers } from "./scale_netns.ts";
+import { agentCommand, type AgentName, type Backend, type ScaleMode } from "./scale_agents.ts";
 
 /** Options of {@linkcode runScale}. */
 export interface ScaleOptions {
   services: number;
   endpoints: number;
-  backend: "legacy" | "nft";
+  mode: ScaleMode;
+  backend: Backend;
+  /** Agents to run, in this order within each run. */
+  agents: AgentName[];
+  /** Runs of every agent (alternating). */
+  runs: number;
   /** EndpointSlice updates per second. */
   churn: number;
+  /** Services added per second during the churn. */
+  serviceAdds: number;
   /** Seconds of churn. */
   duration: number;
-  /** --iptables-min-sync-period in seconds (agent default 1). */
+  /** --iptables-min-sync-period in seconds. */
   minSync: number;
+  /** Seconds to let the agent settle after its first sync before measuring RSS and churning. */
+  settle: number;
   /** Seconds allowed for the first complete sync. */
   timeout: number;
-  /** Keep the work directory (logs, payload copies). */
+  /** Measure the bare iptables-restore time of the first full payload. */
+  bareRestore: boolean;
+  /** Seed of the churn sequence (the same for every agent of a run). */
+  seed: number;
+  /** Keep the work directories (logs, payload copies). */
   keep: boolean;
   /** Progress on stderr. */
   verbose: boolean;
+  upstreamBinary?: string;
 }
 
-/** A sync as logged by the dataplane (-v=2). */
-export interface SyncLog {
-  ts: number;
-  family: string;
-  full: boolean;
-  bytes: number;
-  generateMs: number;
-  applyMs: number;
+/** An event and when the kernel got it. */
+interface Ev {
+  t: number;
+  handed?: number;
+  inKernel?: number;
+  overhead?: number;
 }
 
-/** Everything one run measured. */
-export interface ScaleResult {
-  opts: ScaleOptions;
-  namespace: string;
-  workdir: string;
+/** What one run of one agent measured. */
+export interface AgentRun {
+  agent: AgentName;
+  run: number;
+  /** Spawn → exit of the first restore with every Service, in seconds. */
   firstSyncS: number | null;
-  fullSyncs: SyncLog[];
-  partialSyncs: SyncLog[];
-  events: number;
-  resolved: number;
-  handedMs: number[];
-  inKernelMs: number[];
-  overheadMs: number[];
-  metricP50: number | null;
-  metricP99: number | null;
-  metricCount: number;
-  rssIdleMiB: number | null;
+  firstPayloadBytes: number | null;
+  /** The same payload restored alone into a fresh namespace, in seconds. */
+  bareRestoreS: number | null;
+  rssSettledMiB: number | null;
   rssChurnMiB: number | null;
   hwmMiB: number | null;
   cpuPerS: number;
   childCpuPerS: number;
-  /** iptables calls other than the restore (and the canary poll) that started during a partial sync. */
-  callsDuringPartial: Call[];
-  /** Canary polls that happened to start during a partial sync. */
-  canaryDuringPartial: number;
-  callsDuringChurn: Record<string, number>;
-  programmedServices: number;
+  endpointEvents: number;
+  endpointResolved: number;
+  endpointHandedMs: number[];
+  endpointInKernelMs: number[];
+  endpointOverheadMs: number[];
+  serviceEvents: number;
+  serviceResolved: number;
+  serviceInKernelMs: number[];
+  serviceOverheadMs: number[];
+  /** Successful IPv4 restores that started during the churn: bytes and duration. */
+  partialRestores: { bytes: number; ms: number }[];
   restoreFailures: number;
-  syncErrors: string[];
+  /** Services with a KUBE-SERVICES rule after the churn (iptables-save, outside the measured window). */
+  programmed: number;
+  /** This agent only: generation ms of the first full sync and median of partial syncs (its -v=2 log). */
+  oursFullGenerateMs: number | null;
+  oursPartialGenerateMs: number[];
+  /** This agent only: iptables calls other than the restore (and the per-syncPeriod poll) during its partial syncs. */
+  oursCallsDuringPartial: string[];
+  errors: string[];
 }
 
 /** Percentile (nearest rank) of an unsorted list; null when empty. */
@@ -98,21 +124,6 @@ export function percentile(xs: readonly number[], p: number): number | null {
   if (xs.length === 0) return null;
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
-}
-
-/** Quantile of a Prometheus histogram as the upper bound of the bucket it falls in. */
-export function histogramQuantile(metrics: string, name: string, q: number): { v: number | null; n: number } {
-  const buckets: [number, number][] = [];
-  const re = new RegExp(`^${name}_bucket\\{[^}]*le="([^"]+)"[^}]*\\} (\\S+)$`, "gm");
-  for (const m of metrics.matchAll(re)) {
-    if (!m[0].includes('ip_family="IPv4"')) continue;
-    buckets.push([m[1] === "+Inf" ? Infinity : Number(m[1]), Number(m[2])]);
-  }
-  buckets.sort((a, b) => a[0] - b[0]);
-  const n = buckets.at(-1)?.[1] ?? 0;
-  if (n === 0) return { v: null, n };
-  for (const [le, c] of buckets) if (c >= q * n) return { v: le, n };
-  return { v: Infinity, n };
 }
 
 function readProc(
@@ -135,86 +146,113 @@ function readProc(
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const MiB = 1024 * 1024;
+const CLUSTER_IP_RULE = /^-A KUBE-SERVICES -m comment --comment "scale\/svc-\d+ cluster IP" /gm;
 
-/** Runs one scale scenario and tears everything down. */
-export async function runScale(opts: ScaleOptions): Promise<ScaleResult> {
-  const say = (m: string) => opts.verbose && console.error(`[scale ${new Date().toISOString()}] ${m}`);
-  if (Deno.uid() !== 0) throw new Error("the scale harness needs root (network namespaces, iptables)");
-  usePrivateXtablesLock(); // its namespace's tables are its own: so is their lock
-  const workdir = await Deno.makeTempDir({ prefix: "dkp-scale-" });
-  const ns = await NodeNamespace.create(opts.backend);
+/** Number of Services with a cluster-IP dispatch rule in a restore payload. */
+function servicesIn(text: string): number {
+  return text.match(CLUSTER_IP_RULE)?.length ?? 0;
+}
+
+/** Number of Services with a cluster-IP dispatch rule in an `iptables-save` (which reorders the matches). */
+function servicesSaved(text: string): number {
+  return text.match(/^-A KUBE-SERVICES .*--comment "scale\/svc-\d+ cluster IP"/gm)?.length ?? 0;
+}
+
+/** True for a successful IPv4 restore (any backend, either agent's program name). */
+function isV4Restore(c: Call): boolean {
+  return c.name.startsWith("iptables") && c.name.endsWith("-restore") && c.end !== null && c.rc === 0;
+}
+
+/** One run of one agent on a fresh namespace, simulator and copy of the generated state. */
+async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise<AgentRun> {
+  const say = (m: string) =>
+    o.verbose && console.error(`[scale ${new Date().toISOString()} ${agent}#${run}] ${m}`);
+  const workdir = await Deno.makeTempDir({ prefix: `dkp-scale-${agent}-` });
+  const ns = await NodeNamespace.create(o.backend);
   let sim: SimulatorProcess | null = null;
-  let agent: Deno.ChildProcess | null = null;
-  const onSignal = () => {
-    void (async () => {
-      try {
-        agent?.kill("SIGKILL");
-      } catch { /* gone */ }
-      await sim?.close().catch(() => {});
-      await ns.destroy();
-      Deno.exit(130);
-    })();
+  let child: Deno.ChildProcess | null = null;
+  const res: AgentRun = {
+    agent,
+    run,
+    firstSyncS: null,
+    firstPayloadBytes: null,
+    bareRestoreS: null,
+    rssSettledMiB: null,
+    rssChurnMiB: null,
+    hwmMiB: null,
+    cpuPerS: 0,
+    childCpuPerS: 0,
+    endpointEvents: 0,
+    endpointResolved: 0,
+    endpointHandedMs: [],
+    endpointInKernelMs: [],
+    endpointOverheadMs: [],
+    serviceEvents: 0,
+    serviceResolved: 0,
+    serviceInKernelMs: [],
+    serviceOverheadMs: [],
+    partialRestores: [],
+    restoreFailures: 0,
+    programmed: 0,
+    oursFullGenerateMs: null,
+    oursPartialGenerateMs: [],
+    oursCallsDuringPartial: [],
+    errors: [],
   };
-  Deno.addSignalListener("SIGINT", onSignal);
-  Deno.addSignalListener("SIGTERM", onSignal);
+  let firstPayload: string | null = null;
+  let prelude: string[][] = [];
   try {
     say(`namespace ${ns.name}, workdir ${workdir}`);
-    const wr = await writeWrappers(workdir);
+    const wr = await writeWrappers(workdir, o.backend);
 
-    // 1. Simulator and objects.
-    sim = await SimulatorProcess.start({ netns: ns.name });
+    // 1. Simulator and objects (the same for every agent and run).
+    sim = await SimulatorProcess.start({ netns: ns.name, watchCache: true });
     await sim.upsert(makeNode("node1", ns.nodeIP));
     const pool = new IpPool();
     const ips: string[][] = [];
-    const t0 = Date.now();
     const CHUNK = 2000;
-    for (let i = 0; i < opts.services; i += CHUNK) {
+    for (let i = 0; i < o.services; i += CHUNK) {
       const svcs: KubeObject[] = [];
-      for (let k = i; k < Math.min(opts.services, i + CHUNK); k++) svcs.push(makeService(k));
+      for (let k = i; k < Math.min(o.services, i + CHUNK); k++) svcs.push(makeService(k));
       await sim.upsertMany("services", svcs);
     }
-    for (let i = 0; i < opts.services; i += CHUNK) {
+    for (let i = 0; i < o.services; i += CHUNK) {
       const slices: KubeObject[] = [];
-      for (let k = i; k < Math.min(opts.services, i + CHUNK); k++) {
-        ips[k] = Array.from({ length: opts.endpoints }, () => pool.take());
+      for (let k = i; k < Math.min(o.services, i + CHUNK); k++) {
+        ips[k] = Array.from({ length: o.endpoints }, () => pool.take());
         slices.push(makeSlice(k, ips[k], null));
       }
       await sim.upsertMany("endpointslices", slices);
     }
-    say(`loaded ${opts.services} services × ${opts.endpoints} endpoints in ${Date.now() - t0} ms`);
+    say(`loaded ${o.services} services × ${o.endpoints} endpoints`);
 
     // 2. Agent.
-    const cmd = agentCommand([
-      "--kubeconfig",
-      sim.kubeconfig,
-      "--hostname-override",
-      "node1",
-      "--v=2",
-      "--logging-format=json",
-      "--conntrack-max-per-core=0",
-      "--metrics-bind-address=127.0.0.1:10249",
-      `--iptables-min-sync-period=${opts.minSync}s`,
-    ]);
+    const cmd = await agentCommand(agent, {
+      kubeconfig: sim.kubeconfig,
+      nodeName: "node1",
+      mode: o.mode,
+      minSyncS: o.minSync,
+      metricsAddress: "127.0.0.1:10249",
+      upstreamBinary: o.upstreamBinary,
+    });
     const spawnedAt = Date.now();
-    agent = new Deno.Command("ip", {
+    child = new Deno.Command("ip", {
       args: ["netns", "exec", ns.name, ...cmd],
-      cwd: REPO,
       env: { PATH: `${wr.bin}:${Deno.env.get("PATH")}`, NO_COLOR: "1" },
       stdin: "null",
       stdout: "null",
       stderr: "piped",
     }).spawn();
-    const pid = agent.pid;
-    const syncs: SyncLog[] = [];
-    const proxierSyncs: { ts: number; elapsedMs: number; full: boolean; numServices: number }[] = [];
-    const syncErrors: string[] = [];
+    const pid = child.pid;
     const logFile = await Deno.open(`${workdir}/agent.log`, { write: true, create: true });
+    const oursSyncs: { ts: number; full: boolean; generateMs: number }[] = [];
+    const oursProxierSyncs: { ts: number; elapsedMs: number; full: boolean }[] = [];
     const logDone = (async () => {
       let buf = "";
       const enc = new TextEncoder();
-      for await (const chunk of agent!.stderr.pipeThrough(new TextDecoderStream())) {
+      for await (const chunk of child!.stderr.pipeThrough(new TextDecoderStream())) {
         await logFile.write(enc.encode(chunk));
+        if (agent !== "ours") continue;
         buf += chunk;
         let nl;
         while ((nl = buf.indexOf("\n")) >= 0) {
@@ -227,265 +265,414 @@ export async function runScale(opts: ScaleOptions): Promise<ScaleResult> {
           } catch {
             continue;
           }
+          if (r.msg !== "SyncProxyRules complete" || r.ipFamily !== "IPv4") continue;
           const ts = (r.ts as number) * 1000;
-          if (r.msg === "SyncProxyRules complete" && "bytes" in r) {
-            syncs.push({
+          if ("generateMs" in r) {
+            oursSyncs.push({ ts, full: r.full as boolean, generateMs: r.generateMs as number });
+          } else {oursProxierSyncs.push({
               ts,
-              family: String(r.ipFamily),
               full: r.full as boolean,
-              bytes: r.bytes as number,
-              generateMs: r.generateMs as number,
-              applyMs: r.applyMs as number,
-            });
-          } else if (r.msg === "SyncProxyRules complete" && "numServices" in r && r.ipFamily === "IPv4") {
-            proxierSyncs.push({
-              ts,
               elapsedMs: parseFloat(String(r.elapsed)) * 1000,
-              full: r.full as boolean,
-              numServices: r.numServices as number,
-            });
-          } else if (r.err !== undefined) {
-            syncErrors.push(`${r.msg}: ${r.err ?? ""}`.slice(0, 300));
-          }
+            });}
         }
       }
       logFile.close();
     })();
     let exited = false;
-    void agent.status.then(() => (exited = true));
-
-    // 3. Sampler.
+    void child.status.then(() => (exited = true));
     const rss: { t: number; kib: number }[] = [];
     const sampler = setInterval(() => {
       const p = readProc(pid);
       if (p) rss.push({ t: Date.now(), kib: p.rssKiB });
     }, 250);
 
+    const payloadText = async (c: Call) => c.file ? await Deno.readTextFile(c.file).catch(() => "") : "";
     try {
-      // 4. First complete sync.
-      let firstSyncS: number | null = null;
-      const deadline = spawnedAt + opts.timeout * 1000;
-      while (Date.now() < deadline && !exited) {
-        const s = proxierSyncs.find((s) => s.numServices >= opts.services);
-        if (s) {
-          firstSyncS = (s.ts - spawnedAt) / 1000;
-          break;
+      // 3. First full sync, seen in the kernel-side log.
+      const deadline = spawnedAt + o.timeout * 1000;
+      const checked = new Set<string>();
+      while (res.firstSyncS === null && Date.now() < deadline && !exited) {
+        await sleep(250);
+        for (const c of parseCalls(await Deno.readTextFile(wr.log), wr.payloads)) {
+          if (!isV4Restore(c) || checked.has(c.file!)) continue;
+          checked.add(c.file!);
+          const text = await payloadText(c);
+          if (servicesIn(text) >= o.services) {
+            res.firstSyncS = (c.end! - spawnedAt) / 1000;
+            res.firstPayloadBytes = new TextEncoder().encode(text).length;
+            firstPayload = `${workdir}/first-payload`;
+            await Deno.copyFile(c.file!, firstPayload);
+            // What the agent set up with single calls before that restore (upstream creates chains and jumps
+            // one by one), replayed before the bare restore so that the payload applies the same way.
+            prelude = parseCalls(await Deno.readTextFile(wr.log), wr.payloads)
+              .filter((p) => p.start < c.start && p.rc === 0 && p.name.startsWith("iptables"))
+              .filter((p) => !p.name.endsWith("-save") && !p.name.endsWith("-restore"))
+              .filter((p) => p.argv.some((a) => a === "-N" || a === "-I" || a === "-A"))
+              .map((p) => p.argv);
+            break;
+          }
         }
-        await sleep(200);
       }
-      if (firstSyncS === null) {
-        throw new Error(`no complete first sync within ${opts.timeout}s (exited=${exited})`);
+      if (res.firstSyncS === null) {
+        throw new Error(`no complete first sync within ${o.timeout}s (exited=${exited})`);
       }
-      say(`first complete sync after ${firstSyncS.toFixed(2)} s`);
-      await sleep(3000);
-      const idle = rss.filter((s) => s.t > Date.now() - 2000).map((s) => s.kib);
+      say(`first complete sync after ${res.firstSyncS.toFixed(2)} s`);
+      await sleep(o.settle * 1000);
+      const settled = rss.filter((s) => s.t > Date.now() - 2000).map((s) => s.kib);
+      res.rssSettledMiB = settled.length ? percentile(settled, 50)! / 1024 : null;
 
-      // 5. Churn.
-      interface Ev {
-        t: number;
-        ip: string;
-        slot: string;
-        handed?: number;
-        inKernel?: number;
-        overhead?: number;
-      }
-      const events: Ev[] = [];
-      const total = Math.round(opts.churn * opts.duration);
+      // 4. Churn: endpoint replacements and added Services, the same sequence for every agent of a run.
+      const rand = seededRandom(o.seed + run);
+      const epEvents: (Ev & { ip: string; slot: string })[] = [];
+      const svcEvents: (Ev & { rule: string })[] = [];
+      const total = Math.round(o.churn * o.duration);
+      const adds = Math.round(o.serviceAdds * o.duration);
+      const steps: ("ep" | "svc")[] = [];
+      for (let k = 0; k < total; k++) steps.push("ep");
+      for (let k = 0; k < adds; k++) steps.splice(Math.floor(((k + 0.5) * total) / adds) + k, 0, "svc");
       const cpu0 = readProc(pid)!;
       const churnStart = Date.now();
-      say(`churn: ${total} updates at ${opts.churn}/s`);
-      for (let k = 0; k < total; k++) {
-        const due = churnStart + (k * 1000) / opts.churn;
-        const wait = due - Date.now();
+      const stepMs = (o.duration * 1000) / Math.max(1, steps.length);
+      let nextService = o.services;
+      say(`churn: ${total} endpoint updates, ${adds} added Services over ${o.duration} s`);
+      for (let k = 0; k < steps.length; k++) {
+        const wait = churnStart + k * stepMs - Date.now();
         if (wait > 0) await sleep(wait);
-        const i = Math.floor(Math.random() * opts.services);
-        const j = Math.floor(Math.random() * opts.endpoints);
-        const ip = pool.take();
-        ips[i][j] = ip;
-        const t = Date.now();
-        events.push({ t, ip, slot: `${i}/${j}` });
-        await sim.upsert(makeSlice(i, ips[i], t));
+        if (steps[k] === "ep") {
+          const i = Math.floor(rand() * o.services);
+          const j = Math.floor(rand() * o.endpoints);
+          const ip = pool.take();
+          ips[i][j] = ip;
+          const t = Date.now();
+          epEvents.push({ t, ip, slot: `${i}/${j}` });
+          await sim.upsert(makeSlice(i, ips[i], t));
+        } else {
+          const i = nextService++;
+          ips[i] = Array.from({ length: o.endpoints }, () => pool.take());
+          await sim.upsert(makeService(i));
+          await sim.upsert(makeSlice(i, ips[i], null));
+          svcEvents.push({
+            t: Date.now(),
+            rule: `--comment "${SCALE_NAMESPACE}/svc-${i} cluster IP" -m tcp -p tcp -d ${
+              clusterIPOf(i)
+            } --dport 80 -j KUBE-SVC-`,
+          });
+        }
       }
       const churnEnd = Date.now();
       const cpu1 = readProc(pid)!;
       const churnRss = rss.filter((s) => s.t >= churnStart && s.t <= churnEnd).map((s) => s.kib);
-      say(`churn done in ${((churnEnd - churnStart) / 1000).toFixed(1)} s; waiting for the last updates`);
+      res.rssChurnMiB = churnRss.length ? percentile(churnRss, 50)! / 1024 : null;
+      const churnS = (churnEnd - churnStart) / 1000;
+      res.cpuPerS = (cpu1.cpuTicks - cpu0.cpuTicks) / 100 / churnS;
+      res.childCpuPerS = (cpu1.childTicks - cpu0.childTicks) / 100 / churnS;
+      say(`churn done in ${churnS.toFixed(1)} s; waiting for the last updates`);
 
-      // 6. Match events to restore payloads.
+      // 5. Match events to restore payloads.
       const scanned = new Set<string>();
-      const restoreEnds: number[] = [];
-      const drainDeadline = Date.now() + Math.max(60_000, opts.timeout * 1000 / 4);
-      const minSyncMs = opts.minSync * 1000;
+      const drainDeadline = Date.now() + Math.max(60_000, (o.timeout * 1000) / 4);
+      const minSyncMs = o.minSync * 1000;
+      const settle = (e: Ev, c: Call, prevEnd: number) => {
+        e.handed = c.start - e.t;
+        e.inKernel = c.end! - e.t;
+        e.overhead = c.start - Math.max(e.t, prevEnd + minSyncMs);
+      };
       while (true) {
         const calls = parseCalls(await Deno.readTextFile(wr.log), wr.payloads);
         const restores = calls.filter((c) => c.file !== null && c.end !== null);
         for (const c of restores) {
           if (scanned.has(c.file!)) continue;
           scanned.add(c.file!);
-          if (!c.name.startsWith("iptables") || c.rc !== 0) continue;
-          const text = await Deno.readTextFile(c.file!).catch(() => "");
+          if (c.rc !== 0) res.restoreFailures++;
+          if (!isV4Restore(c) || c.start < churnStart - 1) {
+            if (!o.keep && c.file !== null) await Deno.remove(c.file).catch(() => {});
+            continue;
+          }
+          const text = await payloadText(c);
+          res.partialRestores.push({ bytes: text.length, ms: c.end! - c.start });
           const prevEnd = Math.max(
             -Infinity,
             ...restores.filter((r) => r.end! <= c.start).map((r) => r.end!),
           );
-          const resolvedSlots = new Map<string, number>();
-          for (const e of events) {
+          // An endpoint event is resolved by this payload when it, or a later update of the same slot, is in it.
+          const upto = new Map<string, number>();
+          for (const e of epEvents) {
             if (e.handed !== undefined || e.t > c.start) continue;
-            if (text.includes(`--to-destination ${e.ip}:${TARGET_PORT}`)) resolvedSlots.set(e.slot, e.t);
+            if (text.includes(`--to-destination ${e.ip}:${TARGET_PORT}`)) upto.set(e.slot, e.t);
           }
-          // An event is resolved by this payload when it, or a later update of the same endpoint, is in it.
-          for (const e of events) {
+          for (const e of epEvents) {
             if (e.handed !== undefined || e.t > c.start) continue;
-            const upto = resolvedSlots.get(e.slot);
-            if (upto === undefined || e.t > upto) continue;
-            e.handed = c.start - e.t;
-            e.inKernel = c.end! - e.t;
-            e.overhead = c.start - Math.max(e.t, prevEnd + minSyncMs);
+            const u = upto.get(e.slot);
+            if (u !== undefined && e.t <= u) settle(e, c, prevEnd);
           }
-          if (!opts.keep) await Deno.remove(c.file!).catch(() => {});
+          for (const e of svcEvents) {
+            if (e.handed === undefined && e.t <= c.start && text.includes(e.rule)) settle(e, c, prevEnd);
+          }
+          if (!o.keep) await Deno.remove(c.file!).catch(() => {});
         }
-        for (const c of restores) restoreEnds.push(c.end!);
-        if (events.every((e) => e.handed !== undefined) || Date.now() > drainDeadline || exited) break;
+        const done = epEvents.every((e) => e.handed !== undefined) &&
+          svcEvents.every((e) => e.handed !== undefined);
+        if (done || Date.now() > drainDeadline || exited) break;
         await sleep(500);
       }
-      const resolved = events.filter((e) => e.handed !== undefined);
-      say(`${resolved.length}/${events.length} updates found in restore payloads`);
-
-      // 7. Metrics, kernel state and call log.
-      const metrics = await ns.exec("curl", ["-s", "http://127.0.0.1:10249/metrics"]).catch(() => "");
-      const p50 = histogramQuantile(metrics, "kubeproxy_network_programming_duration_seconds", 0.5);
-      const p99 = histogramQuantile(metrics, "kubeproxy_network_programming_duration_seconds", 0.99);
-      const restoreFailures = Number(
-        metrics.match(/^kubeproxy_sync_proxy_rules_iptables_restore_failures_total\{[^}]*IPv4[^}]*\} (\S+)/m)
-          ?.[1] ?? 0,
+      const epDone = epEvents.filter((e) => e.handed !== undefined);
+      const svcDone = svcEvents.filter((e) => e.handed !== undefined);
+      Object.assign(res, {
+        endpointEvents: epEvents.length,
+        endpointResolved: epDone.length,
+        endpointHandedMs: epDone.map((e) => e.handed!),
+        endpointInKernelMs: epDone.map((e) => e.inKernel!),
+        endpointOverheadMs: epDone.map((e) => e.overhead!),
+        serviceEvents: svcEvents.length,
+        serviceResolved: svcDone.length,
+        serviceInKernelMs: svcDone.map((e) => e.inKernel!),
+        serviceOverheadMs: svcDone.map((e) => e.overhead!),
+      });
+      say(
+        `${epDone.length}/${epEvents.length} endpoint updates, ${svcDone.length}/${svcEvents.length} Services seen`,
       );
-      const nat = await ns.exec(`iptables-${opts.backend}-save`, ["-t", "nat"]);
-      const programmed = new Set<string>();
-      for (const m of nat.matchAll(/^-A KUBE-SERVICES .*--comment "?scale\/(svc-\d+):? cluster IP/gm)) {
-        programmed.add(m[1]);
+
+      // 6. Kernel state, this agent's own log.
+      const nat = await ns.exec(`iptables-${o.backend}-save`, ["-t", "nat"]);
+      res.programmed = servicesSaved(nat);
+      res.hwmMiB = (readProc(pid)?.hwmKiB ?? 0) / 1024 || null;
+      if (agent === "ours") {
+        const full = oursSyncs.find((s) => s.full);
+        res.oursFullGenerateMs = full?.generateMs ?? null;
+        res.oursPartialGenerateMs = oursSyncs.filter((s) => !s.full && s.ts >= churnStart).map((s) =>
+          s.generateMs
+        );
+        const windows = oursProxierSyncs.filter((s) => !s.full).map((s) => [s.ts - s.elapsedMs, s.ts]);
+        // The per-syncPeriod poll (canary chain; KUBE-SERVICES in small clusters) runs on its own timer.
+        const isPoll = (c: Call) =>
+          c.args.includes("KUBE-PROXY-CANARY") || / -S KUBE-SERVICES\b/.test(c.args);
+        res.oursCallsDuringPartial = parseCalls(await Deno.readTextFile(wr.log), wr.payloads)
+          .filter((c) => !c.name.endsWith("-restore") && !isPoll(c))
+          .filter((c) => windows.some(([a, b]) => c.start >= a && c.start <= b))
+          .map((c) => `${c.name} ${c.args}`);
       }
-      if (programmed.size === 0) {
-        // Large-cluster mode drops comments: count the ClusterIP dispatch rules instead.
-        for (const m of nat.matchAll(/^-A KUBE-SERVICES -d (10\.(?:9[6-9]|1[01]\d)\.\d+\.\d+)\/32 /gm)) {
-          programmed.add(m[1]);
-        }
-      }
-      const calls = parseCalls(await Deno.readTextFile(wr.log), wr.payloads);
-      const partialWindows = proxierSyncs.filter((s) => !s.full).map((s) => [s.ts - s.elapsedMs, s.ts]);
-      const inPartial = (c: Call) =>
-        !c.name.endsWith("-restore") && partialWindows.some(([a, b]) => c.start >= a && c.start <= b);
-      // The external-flush poll (`-t mangle -S KUBE-PROXY-CANARY`, every syncPeriod on its own timer, as
-      // upstream's iptables Monitor) is not part of a sync; it is reported apart when it overlaps one.
-      const isCanary = (c: Call) => c.args.includes("KUBE-PROXY-CANARY");
-      const callsDuringPartial = calls.filter((c) => inPartial(c) && !isCanary(c));
-      const canaryDuringPartial = calls.filter((c) => inPartial(c) && isCanary(c)).length;
-      const callsDuringChurn: Record<string, number> = {};
-      for (const c of calls) {
-        if (c.start < churnStart || c.start > churnEnd) continue;
-        callsDuringChurn[c.name] = (callsDuringChurn[c.name] ?? 0) + 1;
-      }
-      const hwm = readProc(pid)?.hwmKiB ?? null;
-      const med = (xs: number[]) => percentile(xs, 50);
-      const churnS = (churnEnd - churnStart) / 1000;
-      const ticks = 100; // CLK_TCK
-      const v4 = syncs.filter((s) => s.family === "IPv4");
-      return {
-        opts,
-        namespace: ns.name,
-        workdir,
-        firstSyncS,
-        fullSyncs: v4.filter((s) => s.full),
-        partialSyncs: v4.filter((s) => !s.full && s.ts >= churnStart),
-        events: events.length,
-        resolved: resolved.length,
-        handedMs: resolved.map((e) => e.handed!),
-        inKernelMs: resolved.map((e) => e.inKernel!),
-        overheadMs: resolved.map((e) => e.overhead!),
-        metricP50: p50.v,
-        metricP99: p99.v,
-        metricCount: p99.n,
-        rssIdleMiB: idle.length ? med(idle)! / 1024 : null,
-        rssChurnMiB: churnRss.length ? med(churnRss)! / 1024 : null,
-        hwmMiB: hwm === null ? null : hwm / 1024,
-        cpuPerS: (cpu1.cpuTicks - cpu0.cpuTicks) / ticks / churnS,
-        childCpuPerS: (cpu1.childTicks - cpu0.childTicks) / ticks / churnS,
-        callsDuringPartial,
-        canaryDuringPartial,
-        callsDuringChurn,
-        programmedServices: programmed.size,
-        restoreFailures,
-        syncErrors,
-      };
     } finally {
       clearInterval(sampler);
       try {
-        agent.kill("SIGTERM");
+        child.kill("SIGTERM");
       } catch { /* gone */ }
       const killer = setTimeout(() => {
         try {
-          agent?.kill("SIGKILL");
+          child?.kill("SIGKILL");
         } catch { /* gone */ }
       }, 10_000);
-      await agent.status;
+      await child.status;
       clearTimeout(killer);
       await logDone.catch(() => {});
     }
+  } catch (err) {
+    res.errors.push(String(err));
   } finally {
     await sim?.close().catch(() => {});
     await ns.destroy();
+  }
+  // 7. The kernel's own time for the same first payload, alone, into empty tables.
+  if (o.bareRestore && firstPayload !== null) {
+    const bare = await NodeNamespace.create(o.backend);
+    try {
+      for (const argv of prelude) await bare.exec(`iptables-${o.backend}`, argv).catch(() => "");
+      // nfacct counters a payload names (upstream creates them over netlink before its first restore).
+      const text = await Deno.readTextFile(firstPayload);
+      for (const name of new Set([...text.matchAll(/--nfacct-name (\S+)/g)].map((m) => m[1]))) {
+        await bare.exec("nfacct", ["add", name]).catch(() => "");
+      }
+      const t = performance.now();
+      await sh("sh", [
+        "-c",
+        `ip netns exec ${bare.name} iptables-${o.backend}-restore --noflush --counters -w 5 -W 100000 < ${firstPayload}`,
+      ]);
+      res.bareRestoreS = (performance.now() - t) / 1000;
+    } catch (err) {
+      res.errors.push(`bare restore: ${err}`);
+    } finally {
+      await bare.destroy();
+    }
+  }
+  if (!o.keep) await Deno.remove(workdir, { recursive: true }).catch(() => {});
+  return res;
+}
+
+/** Runs every agent `runs` times, alternating, and returns every run's figures. */
+export async function runScale(o: ScaleOptions): Promise<AgentRun[]> {
+  if (Deno.uid() !== 0) throw new Error("the scale harness needs root (network namespaces, iptables)");
+  usePrivateXtablesLock(); // its namespaces' tables are its own: so is their lock
+  const out: AgentRun[] = [];
+  const onSignal = () => {
+    // Namespaces are named after this process; delete what is left and stop.
+    void (async () => {
+      const list = await sh("ip", ["netns", "list"]).catch(() => "");
+      for (const m of list.matchAll(new RegExp(`dkp-scale-${Deno.pid}(?:-\\d+)?`, "g"))) {
+        await sh("ip", ["netns", "del", m[0]]).catch(() => {});
+      }
+      Deno.exit(130);
+    })();
+  };
+  Deno.addSignalListener("SIGINT", onSignal);
+  Deno.addSignalListener("SIGTERM", onSignal);
+  try {
+    for (let run = 1; run <= o.runs; run++) {
+      for (const agent of o.agents) out.push(await runAgent(o, agent, run));
+    }
+  } finally {
     Deno.removeSignalListener("SIGINT", onSignal);
     Deno.removeSignalListener("SIGTERM", onSignal);
-    if (!opts.keep) await Deno.remove(workdir, { recursive: true }).catch(() => {});
   }
+  return out;
 }
+
+// ---------------------------------------------------------------------------------------------- reporting
 
 const f = (v: number | null | undefined, d = 0) => (v === null || v === undefined ? "–" : v.toFixed(d));
 
-/** Header of the markdown table written by {@linkcode markdownRow}. */
-export const TABLE_HEADER = [
-  "| svc × eps | backend | churn/s × s | first sync s | full: MiB / gen ms / apply ms | partial syncs: n / KiB med / gen ms med (max) / apply ms med (p99) | handed p50 / p99 ms | in kernel p50 / p99 ms | beyond minSync p50 / p99 ms | metric p50 / p99 s | RSS idle / churn / HWM MiB | CPU s/s agent + children | other iptables calls in partial syncs (+ canary poll overlaps) | programmed |",
-  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-].join("\n");
+/** One reported figure: how to get it from a run, and its number format. */
+interface Figure {
+  label: string;
+  get: (r: AgentRun) => number | null;
+  digits: number;
+}
 
-/** One markdown table row for a result. */
-export function markdownRow(r: ScaleResult): string {
-  const o = r.opts;
-  const full = r.fullSyncs[0];
-  const ps = r.partialSyncs;
-  const gens = ps.map((s) => s.generateMs);
-  const cells = [
-    `${o.services} × ${o.endpoints}`,
-    o.backend,
-    `${o.churn} × ${o.duration}`,
-    f(r.firstSyncS, 1),
-    full ? `${f(full.bytes / MiB, 1)} / ${f(full.generateMs)} / ${f(full.applyMs)}` : "–",
-    `${ps.length} / ${f(percentile(ps.map((s) => s.bytes / 1024), 50))} / ${f(percentile(gens, 50), 1)} (${
-      f(gens.length ? Math.max(...gens) : null, 1)
-    }) / ${f(percentile(ps.map((s) => s.applyMs), 50))} (${f(percentile(ps.map((s) => s.applyMs), 99))})`,
-    `${f(percentile(r.handedMs, 50))} / ${f(percentile(r.handedMs, 99))}`,
-    `${f(percentile(r.inKernelMs, 50))} / ${f(percentile(r.inKernelMs, 99))}`,
-    `${f(percentile(r.overheadMs, 50))} / ${f(percentile(r.overheadMs, 99))}`,
-    `≤${f(r.metricP50, 2)} / ≤${f(r.metricP99, 2)}`,
-    `${f(r.rssIdleMiB)} / ${f(r.rssChurnMiB)} / ${f(r.hwmMiB)}`,
-    `${f(r.cpuPerS, 2)} + ${f(r.childCpuPerS, 2)}`,
-    `${r.callsDuringPartial.length} (+${r.canaryDuringPartial} canary poll)`,
-    `${r.programmedServices}/${o.services} (${r.resolved}/${r.events} updates seen)`,
-  ];
-  return `| ${cells.join(" | ")} |`;
+/** The figures of the side-by-side table. */
+export const FIGURES: Figure[] = [
+  { label: "first full sync s (spawn → every Service in the kernel)", get: (r) => r.firstSyncS, digits: 1 },
+  { label: "bare iptables-restore of that payload s", get: (r) => r.bareRestoreS, digits: 1 },
+  {
+    label: "first sync / bare restore",
+    get: (r) => r.firstSyncS !== null && r.bareRestoreS ? r.firstSyncS / r.bareRestoreS : null,
+    digits: 2,
+  },
+  {
+    label: "full payload MiB",
+    get: (r) => r.firstPayloadBytes === null ? null : r.firstPayloadBytes / 2 ** 20,
+    digits: 1,
+  },
+  { label: "RSS settled MiB", get: (r) => r.rssSettledMiB, digits: 0 },
+  { label: "RSS during churn MiB (median)", get: (r) => r.rssChurnMiB, digits: 0 },
+  { label: "RSS peak (VmHWM) MiB", get: (r) => r.hwmMiB, digits: 0 },
+  { label: "CPU s/s under churn, agent", get: (r) => r.cpuPerS, digits: 2 },
+  {
+    label: "CPU s/s under churn, reaped children (restores, wrappers)",
+    get: (r) => r.childCpuPerS,
+    digits: 2,
+  },
+  {
+    label: "endpoint change → in kernel p50 ms",
+    get: (r) => percentile(r.endpointInKernelMs, 50),
+    digits: 0,
+  },
+  {
+    label: "endpoint change → in kernel p99 ms",
+    get: (r) => percentile(r.endpointInKernelMs, 99),
+    digits: 0,
+  },
+  {
+    label: "endpoint change → handed to kernel p50 ms",
+    get: (r) => percentile(r.endpointHandedMs, 50),
+    digits: 0,
+  },
+  {
+    label: "endpoint change → handed to kernel p99 ms",
+    get: (r) => percentile(r.endpointHandedMs, 99),
+    digits: 0,
+  },
+  {
+    label: "endpoint change: beyond minSync p50 ms",
+    get: (r) => percentile(r.endpointOverheadMs, 50),
+    digits: 0,
+  },
+  {
+    label: "endpoint change: beyond minSync p99 ms",
+    get: (r) => percentile(r.endpointOverheadMs, 99),
+    digits: 0,
+  },
+  { label: "added Service → in kernel p50 ms", get: (r) => percentile(r.serviceInKernelMs, 50), digits: 0 },
+  { label: "added Service → in kernel p99 ms", get: (r) => percentile(r.serviceInKernelMs, 99), digits: 0 },
+  {
+    label: "added Service: beyond minSync p99 ms",
+    get: (r) => percentile(r.serviceOverheadMs, 99),
+    digits: 0,
+  },
+  { label: "restores during churn (n)", get: (r) => r.partialRestores.length, digits: 0 },
+  {
+    label: "restore during churn, median ms",
+    get: (r) => percentile(r.partialRestores.map((p) => p.ms), 50),
+    digits: 0,
+  },
+  {
+    label: "restore during churn, median KiB",
+    get: (r) => percentile(r.partialRestores.map((p) => p.bytes / 1024), 50),
+    digits: 0,
+  },
+];
+
+/** Median, and [min-max] when there are several runs. */
+function summary(xs: number[], d: number): string {
+  if (xs.length === 0) return "–";
+  const m = f(percentile(xs, 50), d);
+  return xs.length === 1 ? m : `${m} [${f(Math.min(...xs), d)}-${f(Math.max(...xs), d)}]`;
+}
+
+/** The side-by-side markdown table: each figure's median [range] per agent and the ratio of the medians. */
+export function sideBySide(o: ScaleOptions, runs: AgentRun[]): string {
+  const agents = o.agents;
+  const head = `| ${o.services} × ${o.endpoints}, ${o.mode} ${o.backend}, ${o.runs} run(s) | ${
+    agents.join(" | ")
+  } |${agents.length === 2 ? ` ${agents[0]} / ${agents[1]} |` : ""}`;
+  const sep = `|---|${agents.map(() => "---|").join("")}${agents.length === 2 ? "---|" : ""}`;
+  const rows = [head, sep];
+  for (const fig of FIGURES) {
+    const per = agents.map((a) =>
+      runs.filter((r) => r.agent === a).map(fig.get).filter((v): v is number =>
+        v !== null && Number.isFinite(v)
+      )
+    );
+    const cells = per.map((xs) => summary(xs, fig.digits));
+    let ratio = "";
+    if (agents.length === 2) {
+      const a = percentile(per[0], 50), b = percentile(per[1], 50);
+      ratio = ` ${a !== null && b ? f(a / b, 2) : "–"} |`;
+    }
+    rows.push(`| ${fig.label} | ${cells.join(" | ")} |${ratio}`);
+  }
+  const seen = agents.map((a) => {
+    const rs = runs.filter((r) => r.agent === a);
+    return `${a}: ${
+      rs.map((r) =>
+        `${r.endpointResolved}/${r.endpointEvents} updates, ${r.serviceResolved}/${r.serviceEvents} Services, ${r.programmed} programmed, ${r.restoreFailures} failed restores`
+      ).join("; ")
+    }`;
+  });
+  return `${rows.join("\n")}\n\n${seen.join("\n")}\n`;
 }
 
 function parseArgs(args: string[]): ScaleOptions & { json: string } {
-  const o = {
+  const o: ScaleOptions & { json: string } = {
     services: 1000,
     endpoints: 10,
-    backend: "legacy" as "legacy" | "nft",
+    mode: "iptables",
+    backend: "legacy",
+    agents: ["ours"],
+    runs: 1,
     churn: 20,
+    serviceAdds: 1,
     duration: 30,
     minSync: 1,
+    settle: 40,
     timeout: 900,
+    bareRestore: true,
+    seed: 13,
     keep: false,
     verbose: true,
     json: "",
+  };
+  const num = (k: string, v: string) => {
+    const n = Number(v);
+    if (!Number.isFinite(n) || n < 0) throw new Error(`--${k} needs a number, not ${v}`);
+    return n;
   };
   for (let i = 0; i < args.length; i++) {
     const [k, inline] = args[i].replace(/^--/, "").split("=", 2);
@@ -495,16 +682,42 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
       case "endpoints":
       case "churn":
       case "duration":
-      case "min-sync":
       case "timeout":
-        o[k === "min-sync" ? "minSync" : k] = Number(val());
+      case "runs":
+      case "settle":
+      case "seed":
+        o[k] = num(k, val());
         break;
+      case "min-sync":
+        o.minSync = num(k, val());
+        break;
+      case "service-adds":
+        o.serviceAdds = num(k, val());
+        break;
+      case "mode": {
+        const m = val();
+        if (m !== "iptables") throw new Error(`--mode: only iptables exists today, not ${m}`);
+        o.mode = m;
+        break;
+      }
       case "backend": {
         const b = val();
         if (b !== "legacy" && b !== "nft") throw new Error(`--backend must be legacy or nft, not ${b}`);
         o.backend = b;
         break;
       }
+      case "agents": {
+        const list = val().split(",");
+        for (const a of list) if (a !== "ours" && a !== "upstream") throw new Error(`unknown agent ${a}`);
+        o.agents = list as AgentName[];
+        break;
+      }
+      case "upstream-binary":
+        o.upstreamBinary = val();
+        break;
+      case "no-bare-restore":
+        o.bareRestore = false;
+        break;
       case "keep":
         o.keep = true;
         break;
@@ -516,9 +729,9 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
         break;
       default:
         throw new Error(
-          `unknown flag ${
-            args[i]
-          }; flags: --services N --endpoints M --backend legacy|nft --churn R --duration S --min-sync S --timeout S --keep --quiet --json FILE`,
+          `unknown flag ${args[i]}; flags: --agents ours,upstream --runs N --services N --endpoints M ` +
+            `--mode iptables --backend legacy|nft --churn R --service-adds R --duration S --min-sync S --settle S ` +
+            `--timeout S --seed N --upstream-binary PATH --no-bare-restore --keep --quiet --json FILE`,
         );
     }
   }
@@ -527,21 +740,24 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
 
 if (import.meta.main) {
   const o = parseArgs(Deno.args);
-  const r = await runScale(o);
-  if (o.json) {
-    await Deno.writeTextFile(
-      o.json,
-      JSON.stringify({ ...r, callsDuringPartial: r.callsDuringPartial }, null, 1),
+  const runs = await runScale(o);
+  if (o.json) await Deno.writeTextFile(o.json, JSON.stringify({ options: o, runs }, null, 1));
+  for (const r of runs) {
+    if (r.errors.length) console.error(`${r.agent}#${r.run} errors:\n  ${r.errors.join("\n  ")}`);
+    if (r.oursCallsDuringPartial.length) {
+      console.error(`${r.agent}#${r.run} iptables calls during partial syncs:`, r.oursCallsDuringPartial);
+    }
+  }
+  console.log(sideBySide(o, runs));
+  const ours = runs.filter((r) => r.agent === "ours");
+  if (ours.length) {
+    console.log(
+      `ours, generation (its log): first full ${
+        summary(ours.map((r) => r.oursFullGenerateMs ?? NaN).filter(Number.isFinite), 0)
+      } ms; ` +
+        `partial median ${
+          summary(ours.map((r) => percentile(r.oursPartialGenerateMs, 50) ?? NaN).filter(Number.isFinite), 1)
+        } ms`,
     );
   }
-  if (r.syncErrors.length) console.error(`agent errors/failures logged:\n  ${r.syncErrors.join("\n  ")}`);
-  if (r.callsDuringPartial.length) {
-    console.error(
-      "iptables calls during partial syncs:",
-      r.callsDuringPartial.map((c) => `${c.name} ${c.args}`),
-    );
-  }
-  console.error("calls during churn:", JSON.stringify(r.callsDuringChurn));
-  console.log(TABLE_HEADER);
-  console.log(markdownRow(r));
 }

@@ -123,19 +123,26 @@ export interface Wrappers {
   payloads: string;
 }
 
-/** Writes wrapper scripts for every iptables program found on this host into `dir`. */
-export async function writeWrappers(dir: string): Promise<Wrappers> {
+/**
+ * Writes wrapper scripts for every iptables program found on this host into `dir`. With `backend`, the plain
+ * names (`iptables`, `iptables-restore`, ...) run that backend's programs, as the iptables-wrapper of upstream's
+ * kube-proxy image picks one; an agent that names the backend itself (this one) is unaffected.
+ */
+export async function writeWrappers(dir: string, backend?: "legacy" | "nft"): Promise<Wrappers> {
   const w: Wrappers = { bin: `${dir}/bin`, log: `${dir}/calls.log`, payloads: `${dir}/payloads` };
   await Deno.mkdir(w.bin, { recursive: true });
   await Deno.mkdir(w.payloads, { recursive: true });
   await Deno.writeTextFile(w.log, "");
   for (const name of IPTABLES_PROGRAMS) {
-    const real = await which(name);
+    const plain = !name.includes("-legacy") && !name.includes("-nft");
+    const target = plain && backend ? name.replace(/^(ip6?tables)/, `$1-${backend}`) : name;
+    const real = await which(target);
     if (!real) continue;
     const run = name.endsWith("-restore") ? `tee "${w.payloads}/p-$n-$$" | ${real} "$@"` : `${real} "$@"`;
+    // Arguments are logged separated by \037 so that they can be replayed exactly.
     const script = `#!/bin/sh
 n=$(date +%s%N)
-echo "$n start $$ ${name} $*" >> ${w.log}
+echo "$n start $$ ${name} $(printf '%s\\037' "$@")" >> ${w.log}
 ${run}
 rc=$?
 echo "$(date +%s%N) end $$ ${name} $rc" >> ${w.log}
@@ -150,7 +157,10 @@ exit $rc
 export interface Call {
   pid: number;
   name: string;
+  /** The arguments joined with spaces (for display and matching). */
   args: string;
+  /** The arguments exactly. */
+  argv: string[];
   /** Wall-clock ms. */
   start: number;
   end: number | null;
@@ -169,10 +179,13 @@ export function parseCalls(text: string, payloads: string): Call[] {
     const ms = Number(BigInt(m[1]) / 1000n) / 1000;
     const pid = Number(m[3]);
     if (m[2] === "start") {
+      const argv = m[5] === "" ? [] : m[5].split("\x1f");
+      if (argv.at(-1) === "") argv.pop();
       const c: Call = {
         pid,
         name: m[4],
-        args: m[5],
+        args: argv.join(" "),
+        argv,
         start: ms,
         end: null,
         rc: null,

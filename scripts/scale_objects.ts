@@ -94,3 +94,19 @@ export function makeNode(name: string, ip: string): KubeObject {
     status: { addresses: [{ type: "InternalIP", address: ip }, { type: "Hostname", address: name }] },
   } as unknown as KubeObject;
 }
+
+/** The cluster IP of Service i (as {@linkcode makeService} sets it). */
+export function clusterIPOf(i: number): string {
+  return ipFrom(10, 96, i + 1);
+}
+
+/** A small deterministic PRNG (mulberry32): both agents of a side-by-side run get the same churn. */
+export function seededRandom(seed: number): () => number {
+  let s = seed | 0;
+  return () => {
+    s = (s + 0x6d2b79f5) | 0;
+    let t = Math.imul(s ^ (s >>> 15), 1 | s);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

@@ -82,6 +82,11 @@ export interface SimulatorOptions {
   expiredAs?: "event" | "http";
   /** Port to listen on (default: any free port). */
   port?: number;
+  /**
+   * Serve `resourceVersion=0` lists whole, ignoring `limit`, as kube-apiserver's watch cache (on by default
+   * there) does; clients then get the initial list in one request. Default false: every list is paginated.
+   */
+  watchCache?: boolean;
 }
 
 /** What kind of request a fault applies to. */
@@ -441,7 +446,7 @@ export class ApiServerSimulator {
   private bookmarkTimer?: ReturnType<typeof setInterval>;
   private uidSeq = 0;
   private readonly opts:
-    & Required<Omit<SimulatorOptions, "tls" | "clientCA" | "token" | "port">>
+    & Required<Omit<SimulatorOptions, "tls" | "clientCA" | "token" | "port" | "watchCache">>
     & SimulatorOptions;
 
   private constructor(opts: SimulatorOptions) {
@@ -783,8 +788,10 @@ export class ApiServerSimulator {
     (this.stats.listQueries[p.resource] ??= []).push(q);
     const store = this.store(p.resource);
     const match = this.matcher(p, q);
-    const limit = Number(q.get("limit") ?? "0");
     const askedRv = Number(q.get("resourceVersion") || "0");
+    // kube-apiserver's watch cache ignores the limit of resourceVersion=0 lists (cacher computeListLimit).
+    const fromCache = this.opts.watchCache === true && q.get("resourceVersion") === "0" && !q.get("continue");
+    const limit = fromCache ? 0 : Number(q.get("limit") ?? "0");
     if (askedRv > this.rv) return tooLargeResourceVersion(askedRv, this.rv);
     let startAfter = "";
     let listRv = this.rv;
@@ -855,7 +862,23 @@ export class ApiServerSimulator {
       throw new HttpError(400, `invalid resource version: ${rvParam}`);
     }
     if (fromRv !== undefined && fromRv > this.rv) return tooLargeResourceVersion(fromRv, this.rv);
-    const expired = fromRv !== undefined && fromRv < store.compactedRv;
+    // Watch-list (client-go's WatchListClient, on by default since v1.35): the current state as ADDED events,
+    // then a bookmark annotated initial-events-end, then live events. kube-apiserver validates the options so.
+    const sendInitialEvents = q.get("sendInitialEvents") === "true";
+    if (sendInitialEvents) {
+      if (q.get("resourceVersionMatch") !== "NotOlderThan") {
+        throw new HttpError(422, "resourceVersionMatch: must be NotOlderThan when sendInitialEvents is true");
+      }
+      if (q.get("allowWatchBookmarks") !== "true") {
+        throw new HttpError(422, "allowWatchBookmarks: must be true when sendInitialEvents is true");
+      }
+    } else if (q.get("resourceVersionMatch")) {
+      throw new HttpError(
+        422,
+        "resourceVersionMatch: is forbidden for watch unless sendInitialEvents is true",
+      );
+    }
+    const expired = !sendInitialEvents && fromRv !== undefined && fromRv < store.compactedRv;
     if (expired && this.opts.expiredAs === "http") {
       return statusResponse(410, `too old resource version: ${fromRv} (${store.compactedRv})`);
     }
@@ -879,10 +902,17 @@ export class ApiServerSimulator {
           watcher.closed = true;
           return;
         }
-        if (fromRv === undefined) {
+        if (fromRv === undefined || sendInitialEvents) {
           for (const k of store.sortedKeys()) {
             const s = store.objects.get(k)!;
             if (match(s.obj)) this.send(watcher, `{"type":"ADDED","object":${s.json}}\n`);
+          }
+          if (sendInitialEvents) {
+            const info = store.info;
+            this.send(
+              watcher,
+              `{"type":"BOOKMARK","object":{"kind":"${info.kind}","apiVersion":"${info.apiVersion}","metadata":{"resourceVersion":"${this.rv}","annotations":{"k8s.io/initial-events-end":"true"}}}}\n`,
+            );
           }
         } else {
           for (const e of store.history) if (e.rv > fromRv) this.deliver(watcher, e);

@@ -58,8 +58,10 @@ async function serve(args: string[]): Promise<void> {
   const loads: string[] = [];
   let port = 0;
   let tlsCert = "", tlsKey = "", clientCA = "", token: string | undefined;
+  let watchCache = false;
   for (let i = 0; i < args.length; i++) {
     if (args[i] === "--kubeconfig") kubeconfig = args[++i];
+    else if (args[i] === "--watch-cache") watchCache = true;
     else if (args[i] === "--load") loads.push(args[++i]);
     else if (args[i] === "--port") port = Number(args[++i]);
     else if (args[i] === "--tls-cert") tlsCert = args[++i];
@@ -70,6 +72,7 @@ async function serve(args: string[]): Promise<void> {
   const read = (f: string) => Deno.readTextFile(f);
   const sim = await ApiServerSimulator.start({
     port,
+    watchCache,
     bookmarkIntervalMs: 10_000,
     token,
     tls: tlsCert ? { cert: await read(tlsCert), key: await read(tlsKey) } : undefined,
@@ -141,6 +144,8 @@ export interface SimulatorProcessOptions {
   clientCAFile?: string;
   /** Require this bearer token (unless a client certificate was verified). */
   token?: string;
+  /** Serve resourceVersion=0 lists whole, as kube-apiserver's watch cache (the simulator's `--watch-cache`). */
+  watchCache?: boolean;
 }
 
 /** A simulator running as a child process, driven over its stdin/stdout. */
@@ -184,6 +189,7 @@ export class SimulatorProcess {
     if (opts.tls) args.push("--tls-cert", opts.tls.certFile, "--tls-key", opts.tls.keyFile);
     if (opts.clientCAFile) args.push("--client-ca", opts.clientCAFile);
     if (opts.token !== undefined) args.push("--token", opts.token);
+    if (opts.watchCache) args.push("--watch-cache");
     const cmd = opts.netns ? "ip" : Deno.execPath();
     const fullArgs = opts.netns ? ["netns", "exec", opts.netns, Deno.execPath(), ...args] : args;
     const child = new Deno.Command(cmd, {

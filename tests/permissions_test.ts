@@ -46,7 +46,7 @@ Deno.test("start and compile tasks grant exactly the same permissions and V8 set
   assert.deepEqual(permissionFlags(compile), permissionFlags(denoJson.tasks.start));
   assert.deepEqual(runtimeFlags(compile), runtimeFlags(denoJson.tasks.start));
   assert.ok(!denoJson.tasks.start.includes("--allow-all"), "the agent must not run with --allow-all");
-  for (const task of [denoJson.tasks.start, denoJson.tasks.compile] as string[]) {
+  for (const task of [denoJson.tasks.start, denoJson.tasks.compile].map(taskCommand)) {
     const vars = task.match(/\$\w+/g) ?? [];
     assert.deepEqual(vars, [`$${EXTRA_PERMISSIONS_VAR}`], "the only variable: operator-granted permissions");
     assert.ok(

@@ -5,6 +5,8 @@
  * @module
  */
 
+import { ownString } from "../flat_string.ts";
+
 /** A jump from a built-in chain into one of ours (upstream `iptablesJumpChains`). */
 export interface JumpRule {
   readonly table: "filter" | "nat";
@@ -42,24 +44,36 @@ export interface SavedTable {
   readonly builtinRules: Map<string, string[]>;
 }
 
-/** Parses one table's `iptables-save` output. */
-export function parseSavedTable(save: string): SavedTable {
-  const chains = new Set<string>();
-  const builtinRules = new Map<string, string[]>();
-  for (const line of save.split("\n")) {
+/**
+ * Reads one table's `iptables-save` output line by line (a big table's listing, tens of MiB at 10k Services, is
+ * never held whole): only chain names and the built-in chains' rules are kept, as copies that do not pin the
+ * output's chunks.
+ */
+export class SavedTableReader implements SavedTable {
+  readonly chains = new Set<string>();
+  readonly builtinRules = new Map<string, string[]>();
+
+  /** Takes one line of the output (without its newline). */
+  readonly line = (line: string): void => {
     if (line.startsWith(":")) {
       const sp = line.indexOf(" ");
-      chains.add(line.slice(1, sp > 0 ? sp : undefined));
+      this.chains.add(ownString(line.slice(1, sp > 0 ? sp : undefined)));
     } else if (line.startsWith("-A ")) {
       const chain = line.slice(3, line.indexOf(" ", 3));
       if (BUILTIN.has(chain)) {
-        let l = builtinRules.get(chain);
-        if (!l) builtinRules.set(chain, l = []);
-        l.push(line);
+        let l = this.builtinRules.get(chain);
+        if (!l) this.builtinRules.set(chain, l = []);
+        l.push(ownString(line));
       }
     }
-  }
-  return { chains, builtinRules };
+  };
+}
+
+/** Parses one table's whole `iptables-save` output. */
+export function parseSavedTable(save: string): SavedTable {
+  const reader = new SavedTableReader();
+  for (const line of save.split("\n")) reader.line(line);
+  return reader;
 }
 
 /** True when the saved table already has the jump. */

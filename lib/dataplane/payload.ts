@@ -1,94 +1,116 @@
 /**
- * Payload assembly shared by the dataplanes: a reused growable byte buffer that payloads are copied into,
- * a cached concatenation of per-service blocks, and error context for a failing payload line.
+ * Payload assembly shared by the dataplanes: a bounded chunk writer that streams a payload to the kernel tool
+ * as it is generated, a cached concatenation of per-service blocks, and error context for a failing payload
+ * line.
  * @module
  */
 
 const encoder = new TextEncoder();
 
+/** Default chunk size of {@linkcode ChunkWriter}: what one pipe write hands the kernel tool at a time. */
+export const DEFAULT_CHUNK_BYTES = 256 * 1024;
+
 /**
- * Appends bytes and ASCII text into one growable buffer. The payload is assembled here by copying cached
- * per-port blocks: no payload-sized string is ever built and nothing payload-sized is encoded.
+ * Appends bytes and text into one fixed buffer and hands it out in chunks, so that a payload of any size is
+ * generated and written to the kernel tool's stdin with a bounded buffer (no payload-sized string or buffer).
  *
- * The buffer is reused from one payload to the next: touching a freshly allocated 43 MiB buffer costs
- * about 130-150 ms of page faults on the benchmark VM, copying into a reused one about 5 ms. A payload's
- * bytes are therefore only valid until the next {@linkcode reset} without `fresh`.
+ * The methods are generators yielding full chunks: call them with `yield*` from a generator that produces the
+ * payload. A yielded chunk holds at most `chunkBytes` bytes; it is a view of the writer's buffer (or of a block
+ * larger than a chunk) and is only valid until the next chunk is requested: the consumer must write (or copy)
+ * it first.
  */
-export class PayloadWriter {
-  private buf: Uint8Array;
-  private pos = 0;
-  /** Bumped by every reset (see {@linkcode overwrote}). */
-  generation = 0;
+export class ChunkWriter {
+  readonly #buf: Uint8Array;
+  #pos = 0;
+  /** Bytes handed out so far. */
+  total = 0;
 
-  constructor(capacity = 64 * 1024) {
-    this.buf = new Uint8Array(capacity);
+  constructor(readonly chunkBytes: number = DEFAULT_CHUNK_BYTES) {
+    if (chunkBytes < 4096) throw new RangeError("chunkBytes must be at least 4096");
+    this.#buf = new Uint8Array(chunkBytes);
   }
 
-  /**
-   * Starts a new payload of about `capacity` bytes. Reuses the buffer unless `fresh` (an earlier payload is
-   * still being read) or the buffer is far too large or too small; a new buffer gets 25% headroom.
-   */
-  reset(capacity: number, fresh = false): void {
-    const len = this.buf.length;
-    if (fresh || capacity > len || (len > 4 * capacity && len > 1 << 20)) {
-      this.buf = new Uint8Array(Math.max(4096, Math.ceil(capacity * 1.25)));
-    }
-    this.generation++;
-    this.pos = 0;
-  }
-
-  /** True when a payload written at `generation` into `buffer` may have been overwritten since. */
-  overwrote(buffer: ArrayBufferLike, generation: number): boolean {
-    return this.buf.buffer === buffer && this.generation !== generation;
-  }
-
-  private grow(need: number): void {
-    let cap = this.buf.length * 2;
-    while (cap < this.pos + need) cap *= 2;
-    const next = new Uint8Array(cap);
-    next.set(this.buf.subarray(0, this.pos));
-    this.buf = next;
+  #take(): Uint8Array {
+    const c = this.#buf.subarray(0, this.#pos);
+    this.total += this.#pos;
+    this.#pos = 0;
+    return c;
   }
 
   /** Appends bytes. */
-  bytes(b: Uint8Array): void {
+  *bytes(b: Uint8Array): Generator<Uint8Array, void, undefined> {
     const n = b.length;
     if (n === 0) return;
-    if (this.pos + n > this.buf.length) this.grow(n);
-    this.buf.set(b, this.pos);
-    this.pos += n;
+    if (n >= this.chunkBytes) {
+      // A large block goes out as views of itself, at most a chunk each (no copy).
+      if (this.#pos > 0) yield this.#take();
+      this.total += n;
+      for (let i = 0; i < n; i += this.chunkBytes) yield b.subarray(i, Math.min(n, i + this.chunkBytes));
+      return;
+    }
+    if (this.#pos + n > this.chunkBytes) yield this.#take();
+    this.#buf.set(b, this.#pos);
+    this.#pos += n;
   }
 
-  /** Appends text, UTF-8 encoded in place. */
-  text(s: string): void {
-    if (s.length === 0) return;
-    for (;;) {
-      const r = encoder.encodeInto(s, this.buf.subarray(this.pos));
-      if (r.read === s.length) {
-        this.pos += r.written;
-        return;
+  /**
+   * Appends text, UTF-8 encoded in place. A long text is encoded a buffer's worth at a time: the encoder copies
+   * the whole string it is given out of the JS heap first, so handing it a megabyte-long section would allocate
+   * (and fragment) that much outside the heap on every sync.
+   */
+  *text(s: string): Generator<Uint8Array, void, undefined> {
+    let i = 0;
+    while (i < s.length) {
+      const space = this.#buf.length - this.#pos;
+      if (space < 4) {
+        yield this.#take();
+        continue;
       }
-      this.grow(s.length * 3);
+      let end = Math.min(s.length, i + space);
+      // Do not split a surrogate pair.
+      if (end < s.length && (s.charCodeAt(end - 1) & 0xfc00) === 0xd800) end--;
+      const piece = i === 0 && end === s.length ? s : s.substring(i, end);
+      const r = encoder.encodeInto(piece, this.#buf.subarray(this.#pos));
+      this.#pos += r.written;
+      i += r.read;
+      if (r.read < piece.length) yield this.#take();
     }
   }
 
-  /** The bytes written so far (a view). */
-  result(): Uint8Array {
-    return this.buf.subarray(0, this.pos);
+  /** Hands out what is left. */
+  *end(): Generator<Uint8Array, void, undefined> {
+    if (this.#pos > 0) yield this.#take();
   }
 }
 
+/** Concatenates a chunk stream into one buffer (tests, benchmarks, error context). */
+export function collectChunks(chunks: Iterable<Uint8Array>): Uint8Array {
+  const parts: Uint8Array[] = [];
+  let n = 0;
+  for (const c of chunks) {
+    parts.push(c.slice());
+    n += c.length;
+  }
+  const out = new Uint8Array(n);
+  let p = 0;
+  for (const c of parts) {
+    out.set(c, p);
+    p += c.length;
+  }
+  return out;
+}
+
 /**
- * A section made of one byte block per service port in snapshot order (e.g. iptables' filter rules and nat
- * dispatch rules). The concatenation is kept and rebuilt only when some block or the order changed, so a
- * partial sync copies a whole dispatch chain with one memcpy.
+ * A section made of one text block per service port in snapshot order (e.g. iptables' nat dispatch rules).
+ * The concatenation is kept and rebuilt only when some block or the order changed, so a partial sync writes a
+ * whole dispatch chain as one block.
  */
 export class SectionCache {
-  private refs: Uint8Array[] = [];
+  private refs: string[] = [];
   private n = 0;
   private dirty = true;
-  private cat: Uint8Array = new Uint8Array(0);
-  /** Bytes of the section being collected. */
+  private cat = "";
+  /** Characters of the section being collected. */
   size = 0;
 
   /** Starts collecting the blocks of one payload. */
@@ -98,7 +120,7 @@ export class SectionCache {
   }
 
   /** Adds the next block (empty blocks are skipped). */
-  push(b: Uint8Array): void {
+  push(b: string): void {
     if (b.length === 0) return;
     if (this.refs[this.n] !== b) {
       this.dirty = true;
@@ -108,23 +130,17 @@ export class SectionCache {
     this.size += b.length;
   }
 
-  /** Writes the collected section. */
-  writeTo(w: PayloadWriter): void {
+  /** The collected section (the cached concatenation, rebuilt when something changed). */
+  text(): string {
     if (this.refs.length !== this.n) {
       this.refs.length = this.n;
       this.dirty = true;
     }
     if (this.dirty) {
-      const cat = new Uint8Array(this.size);
-      let p = 0;
-      for (const b of this.refs) {
-        cat.set(b, p);
-        p += b.length;
-      }
-      this.cat = cat;
+      this.cat = this.refs.join("");
       this.dirty = false;
     }
-    w.bytes(this.cat);
+    return this.cat;
   }
 
   /** Forgets every block (the rendering settings changed). */
@@ -132,7 +148,7 @@ export class SectionCache {
     this.refs = [];
     this.n = 0;
     this.dirty = true;
-    this.cat = new Uint8Array(0);
+    this.cat = "";
   }
 }
 

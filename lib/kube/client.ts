@@ -19,6 +19,7 @@ import { type LoadOptions, loadRestConfig, type RestConfig } from "./kubeconfig.
 import { TokenBucket } from "./rate_limiter.ts";
 import type { ExecCredentials } from "./exec_credential.ts";
 import { connectionError } from "./net_errors.ts";
+import { ListDecodeError, ListDecoder } from "./list_decoder.ts";
 
 /** Version reported in the User-Agent. */
 export const CLIENT_VERSION = "v0.1.0";
@@ -326,6 +327,39 @@ export class KubeClient {
     return this.request<KubeList<T>>("GET", path, { query, signal });
   }
 
+  /**
+   * One page of a list, decoded as the body arrives: each item goes to `onItem` as soon as it is complete (see
+   * list_decoder.ts). Resolves with the list without its items (metadata: resourceVersion, continue).
+   */
+  async listStream<T extends KubeObject = KubeObject>(
+    path: string,
+    query: Query | undefined,
+    signal: AbortSignal | undefined,
+    onItem: (item: T) => void,
+  ): Promise<KubeList<T>> {
+    await this.limiter.take(signal);
+    const timeout = AbortSignal.timeout(this.requestTimeoutMs);
+    const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    const res = await this.send("GET", buildUrl(this.server, path, query), undefined, undefined, sig);
+    if (res.status >= 400) throw errorFrom(res.status, await res.text(), "GET", path);
+    const decoder = new ListDecoder<T>(onItem);
+    if (res.body) {
+      try {
+        await readBody(res.body, (chunk) => decoder.push(chunk));
+      } catch (e) {
+        if (e instanceof ListDecodeError) {
+          throw new KubeApiError(res.status, "BadResponse", `GET ${path}: ${e.message}`);
+        }
+        throw e;
+      }
+    }
+    try {
+      return decoder.end<KubeList<T>>();
+    } catch (e) {
+      throw new KubeApiError(res.status, "BadResponse", `GET ${path}: ${(e as Error).message}`);
+    }
+  }
+
   /** GET of one object. */
   get<T extends KubeObject = KubeObject>(path: string, signal?: AbortSignal): Promise<T> {
     return this.request<T>("GET", path, { signal });
@@ -432,6 +466,39 @@ export class KubeClient {
     if (this.closed) return;
     this.closed = true;
     this.transport?.close();
+  }
+}
+
+/** Bytes per read of a response body (one buffer, reused). */
+const READ_BYTES = 64 * 1024;
+
+/**
+ * Reads a body into one reused buffer (a BYOB reader) and hands each filled part to `onChunk`, which must be done
+ * with it when it returns. A body read the default way allocates a fresh buffer per chunk, all of them freed only
+ * by a later GC: for a 25 MB list that left the allocator's heap 20 MB larger for good. Streams without BYOB
+ * support are read the default way.
+ */
+async function readBody(
+  body: ReadableStream<Uint8Array>,
+  onChunk: (chunk: Uint8Array) => void,
+): Promise<void> {
+  let reader: ReadableStreamBYOBReader;
+  try {
+    reader = body.getReader({ mode: "byob" });
+  } catch {
+    for await (const chunk of body) onChunk(chunk);
+    return;
+  }
+  let buf = new Uint8Array(READ_BYTES);
+  try {
+    for (;;) {
+      const { value, done } = await reader.read(buf);
+      if (done || !value) break;
+      onChunk(value);
+      buf = new Uint8Array(value.buffer, 0, value.buffer.byteLength); // the same memory, handed back
+    }
+  } finally {
+    reader.releaseLock();
   }
 }
 

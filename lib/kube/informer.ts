@@ -15,7 +15,7 @@
 
 import { log, type Logger } from "../log.ts";
 import type { EndpointSlice, KubeObject, Node, Service, ServiceCIDR } from "./types.ts";
-import { LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME } from "./types.ts";
+import { LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME } from "./types.ts";
 import type { KubeClient } from "./client.ts";
 import { Reflector, type ReflectorOptions, type ReflectorStore } from "./reflector.ts";
 
@@ -23,17 +23,26 @@ import { Reflector, type ReflectorOptions, type ReflectorStore } from "./reflect
 export interface EventHandler<T> {
   /** A new object (`initial` is true while the first list is delivered). */
   onAdd?(obj: T, initial: boolean): void;
-  /** A changed object, or `(obj, obj)` on resync. */
+  /** A changed object, or `(obj, obj)` (the same object twice) on resync. */
   onUpdate?(oldObj: T, obj: T): void;
   /** A removed object (its last known state). */
   onDelete?(obj: T): void;
 }
 
 /**
- * Options of {@link Informer}: the reflector's; `resyncMs` is the resync period (configSyncPeriod, 0
- * disables), counted while a watch runs as in client-go.
+ * Options of {@link Informer}: the reflector's (`resyncMs` is the resync period, configSyncPeriod, 0 disables,
+ * counted while a watch runs as in client-go), and what the cache keeps.
  */
-export type InformerOptions = Omit<ReflectorOptions, "path">;
+export interface InformerOptions<T extends KubeObject = KubeObject> extends Omit<ReflectorOptions, "path"> {
+  /**
+   * What the cache keeps of each object (default: the whole object as decoded, minus managedFields). Handlers
+   * get the decoded object on every add and update, and on deletes from the watch; the kept form is what they
+   * get as the old object of an update, for a deletion a relist finds, on resync (`onUpdate(kept, kept)`), and
+   * what `get`/`list` return. It must keep the name, namespace and resourceVersion. Handlers must then be added
+   * before the informer syncs (a late handler would only see kept forms).
+   */
+  cacheTransform?: (obj: T) => T;
+}
 
 /** The cache key of an object: `namespace/name`, or `name` for cluster-scoped objects. */
 export function objectKey(obj: KubeObject): string {
@@ -52,6 +61,32 @@ export function stripManagedFields<T extends KubeObject>(obj: T): T {
   return obj;
 }
 
+/**
+ * The identity of a Service, as an informer cache may keep it (`cacheTransform`): name, namespace and
+ * resourceVersion. kube-proxy's handlers parse a Service into its own model when it arrives; the cached copy only
+ * has to say which Service a later update or a relist-found deletion is about.
+ */
+export function keepServiceIdentity(svc: Service): Service {
+  const m = svc.metadata;
+  return { metadata: { name: m?.name, namespace: m?.namespace, resourceVersion: m?.resourceVersion } };
+}
+
+/**
+ * The identity of an EndpointSlice, as an informer cache may keep it (`cacheTransform`): name, namespace,
+ * resourceVersion, the `kubernetes.io/service-name` label and the address type, which is what kube-proxy's
+ * handlers read of a deleted slice. Its endpoints live only in the proxy's own model.
+ */
+export function keepEndpointSliceIdentity(slice: EndpointSlice): EndpointSlice {
+  const m = slice.metadata;
+  const svcName = m?.labels?.[LABEL_SERVICE_NAME];
+  const kept: EndpointSlice = {
+    metadata: { name: m?.name, namespace: m?.namespace, resourceVersion: m?.resourceVersion },
+    addressType: slice.addressType,
+  };
+  if (svcName !== undefined) kept.metadata!.labels = { [LABEL_SERVICE_NAME]: svcName };
+  return kept;
+}
+
 /** A cache of one resource kept in sync with the API server, with event handlers. */
 export class Informer<T extends KubeObject> implements ReflectorStore<T> {
   private readonly cache = new Map<string, T>();
@@ -64,13 +99,19 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
   /** The list/watch loop. */
   readonly reflector: Reflector<T>;
 
-  constructor(client: KubeClient, readonly path: string, opts: InformerOptions = {}) {
+  private readonly keep: (obj: T) => T;
+
+  constructor(client: KubeClient, readonly path: string, private readonly opts: InformerOptions<T> = {}) {
+    this.keep = opts.cacheTransform ?? ((o) => o);
     this.reflector = new Reflector<T>(client, this, { ...opts, path });
     this.log = log.with({ informer: opts.name ?? path });
   }
 
   /** Adds a handler; if the cache is already synced, it first gets onAdd for every cached object. */
   addEventHandler(h: EventHandler<T>): () => void {
+    if (this.synced && this.opts.cacheTransform) {
+      throw new Error(`informer ${this.opts.name ?? this.path}: handlers must be added before it syncs`);
+    }
     this.handlers.push(h);
     if (this.synced && h.onAdd) {
       for (const obj of this.cache.values()) this.call(h, "onAdd", () => h.onAdd!(obj, true));
@@ -154,21 +195,37 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
   // ReflectorStore
 
   /** @internal Replaces the cache with a list result, emitting only the differences. */
-  replace(items: T[], _rv: string, historyReset = false): void {
+  replace(items: T[], rv: string, historyReset = false): void {
+    const s = this.beginReplace(historyReset);
+    for (const obj of items) s.add(obj);
+    s.end(rv);
+  }
+
+  /**
+   * @internal A list delivered item by item (what {@link replace} does at once): each item is cached (in its
+   * kept form) and dispatched as it comes; `end` removes what the list did not have and marks the cache synced.
+   */
+  beginReplace(historyReset = false): { add(obj: T): void; end(rv: string): void } {
     const initial = !this.synced;
     const seen = new Set<string>();
-    for (const obj of items) {
-      stripManagedFields(obj);
-      const key = objectKey(obj);
-      seen.add(key);
-      const old = this.cache.get(key);
-      this.cache.set(key, obj);
-      if (!old) this.dispatch("onAdd", (h) => h.onAdd?.(obj, initial));
-      else if (historyReset || old.metadata?.resourceVersion !== obj.metadata?.resourceVersion) {
-        // After a history reset every object is delivered as an update: handlers drop the no-op ones.
-        this.dispatch("onUpdate", (h) => h.onUpdate?.(old, obj));
-      }
-    }
+    return {
+      add: (obj: T) => {
+        stripManagedFields(obj);
+        const key = objectKey(obj);
+        seen.add(key);
+        const old = this.cache.get(key);
+        this.cache.set(key, this.keep(obj));
+        if (!old) this.dispatch("onAdd", (h) => h.onAdd?.(obj, initial));
+        else if (historyReset || old.metadata?.resourceVersion !== obj.metadata?.resourceVersion) {
+          // After a history reset every object is delivered as an update: handlers drop the no-op ones.
+          this.dispatch("onUpdate", (h) => h.onUpdate?.(old, obj));
+        }
+      },
+      end: (_rv: string) => this.endReplace(seen),
+    };
+  }
+
+  private endReplace(seen: Set<string>): void {
     if (this.cache.size !== seen.size) {
       for (const [key, old] of this.cache) {
         if (seen.has(key)) continue;
@@ -195,7 +252,7 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
     stripManagedFields(obj);
     const key = objectKey(obj);
     const old = this.cache.get(key);
-    this.cache.set(key, obj);
+    this.cache.set(key, this.keep(obj));
     if (old) this.dispatch("onUpdate", (h) => h.onUpdate?.(old, obj));
     else this.dispatch("onAdd", (h) => h.onAdd?.(obj, false));
   }
@@ -228,7 +285,10 @@ export const PROXY_LABEL_SELECTOR = `!${LABEL_HEADLESS},!${LABEL_SERVICE_PROXY_N
 export const SERVICE_FIELD_SELECTOR = "spec.clusterIP!=None";
 
 /** Services kube-proxy handles: `/api/v1/services`, label and field selectors as upstream. */
-export function newServiceInformer(client: KubeClient, opts: InformerOptions = {}): Informer<Service> {
+export function newServiceInformer(
+  client: KubeClient,
+  opts: InformerOptions<Service> = {},
+): Informer<Service> {
   return new Informer<Service>(client, "/api/v1/services", {
     name: "services",
     labelSelector: PROXY_LABEL_SELECTOR,
@@ -240,7 +300,7 @@ export function newServiceInformer(client: KubeClient, opts: InformerOptions = {
 /** EndpointSlices kube-proxy handles: `/apis/discovery.k8s.io/v1/endpointslices`, same label selector. */
 export function newEndpointSliceInformer(
   client: KubeClient,
-  opts: InformerOptions = {},
+  opts: InformerOptions<EndpointSlice> = {},
 ): Informer<EndpointSlice> {
   return new Informer<EndpointSlice>(client, "/apis/discovery.k8s.io/v1/endpointslices", {
     name: "endpointslices",
@@ -268,7 +328,7 @@ export function newServiceCIDRInformer(
 export function newNodeInformer(
   client: KubeClient,
   nodeName: string,
-  opts: InformerOptions = {},
+  opts: InformerOptions<Node> = {},
 ): Informer<Node> {
   return new Informer<Node>(client, "/api/v1/nodes", {
     name: "nodes",

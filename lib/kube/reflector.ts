@@ -48,6 +48,12 @@ export interface ReflectorStore<T> {
    * resourceVersions started over (restored or replaced): equal resourceVersions then prove nothing.
    */
   replace(items: T[], resourceVersion: string, historyReset?: boolean): void;
+  /**
+   * Optional: a (re)list delivered item by item, so that the items need not be held all at once. `add` is
+   * called for every item as it is decoded, `end` once the list is complete (what `replace` does with all of
+   * them). A list that fails half-way is simply not ended; the next list starts over.
+   */
+  beginReplace?(historyReset: boolean): { add(obj: T): void; end(resourceVersion: string): void };
   /** ADDED or MODIFIED from the watch. */
   upsert(obj: T): void;
   /** DELETED from the watch (the object's last state). */
@@ -390,13 +396,17 @@ export class Reflector<T extends KubeObject> {
 
   private async listAll(rv: string, signal: AbortSignal, historyReset: boolean): Promise<void> {
     this.counts.lists++;
+    // Items go to the store as they are decoded when it takes them so (bounded memory), else all at the end.
+    const session = this.store.beginReplace?.(historyReset);
     const items: T[] = [];
+    const onItem = session ? (it: T) => session.add(it) : (it: T) => void items.push(it);
+    let n = 0;
     let cont: string | undefined;
     let listRv = "";
     const limit = this.opts.pageSize ??
       (this.paginatedResult || rv === "" || rv === "0" ? 500 : 0);
     do {
-      const page = await this.client.list<T>(
+      const page = await this.client.listStream<T>(
         this.opts.path,
         {
           ...this.selectors(),
@@ -405,16 +415,20 @@ export class Reflector<T extends KubeObject> {
           resourceVersion: cont ? undefined : rv,
         },
         signal,
+        (it) => {
+          n++;
+          onItem(it);
+        },
       );
-      if (page.items) { for (const it of page.items) items.push(it); }
       cont = page.metadata?.continue || undefined;
       if (cont && rv === "0") this.paginatedResult = true;
       listRv = page.metadata?.resourceVersion ?? listRv;
     } while (cont && !signal.aborted);
     if (signal.aborted) return;
-    this.log.v(2).info("Listed", { items: items.length, resourceVersion: listRv });
+    this.log.v(2).info("Listed", { items: n, resourceVersion: listRv });
     this.lastResourceVersion = listRv;
-    this.store.replace(items, listRv, historyReset);
+    if (session) session.end(listRv);
+    else this.store.replace(items, listRv, historyReset);
   }
 
   /**

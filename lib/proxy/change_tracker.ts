@@ -80,6 +80,15 @@ export class ServiceChangeTracker {
     return this.#items.size > 0;
   }
 
+  /**
+   * A resync of an unchanged Service: counted as upstream's Update(svc, svc) counts it, nothing else. Returns
+   * true when there are pending changes to sync, as {@linkcode update} does.
+   */
+  resync(): boolean {
+    if (this.#countMetrics) serviceChangesTotal.inc();
+    return this.#items.size > 0;
+  }
+
   /** Number of Services with pending changes. */
   get pending(): number {
     return this.#items.size;
@@ -181,6 +190,11 @@ export class EndpointsChangeTracker {
       }
     }
     return true;
+  }
+
+  /** A resync of an unchanged slice: counted as upstream counts it; never a change. */
+  resync(): void {
+    if (this.#countMetrics) endpointChangesTotal.inc();
   }
 
   /** Number of Services with pending (not yet checked out) slice changes. */

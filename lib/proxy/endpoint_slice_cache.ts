@@ -10,7 +10,7 @@
  */
 import { type EndpointSlice, LABEL_SERVICE_NAME } from "../kube/types.ts";
 import { log } from "../log.ts";
-import { familyOf, joinHostPort } from "../net/ip.ts";
+import { familyOf } from "../net/ip.ts";
 import type { EndpointInfo, IPFamily, Protocol } from "./types.ts";
 
 /** Key of a port inside one Service: `portName/protocol` (the ServicePortName minus the Service). */
@@ -18,56 +18,150 @@ export function portKey(portName: string, protocol: string): string {
   return `${portName}/${protocol}`;
 }
 
-/** Endpoints of one Service, per {@linkcode portKey}, each list sorted by `endpoint`. */
-export type ServiceEndpoints = ReadonlyMap<string, readonly EndpointInfo[]>;
-
-interface SlicePort {
-  name: string;
-  port: number;
-  protocol: Protocol;
+/** Endpoints of one Service, per {@linkcode portKey}, each list sorted by `endpoint` (a Map satisfies it). */
+export interface ServiceEndpoints {
+  /** The endpoints of one port (never an empty list). */
+  get(portKey: string): readonly EndpointInfo[] | undefined;
+  /** The ports with endpoints. */
+  keys(): Iterable<string>;
+  /** Number of ports with endpoints. */
+  readonly size: number;
 }
 
-interface SliceEndpoint {
-  ip: string;
-  nodeName: string;
-  zone: string;
-  ready: boolean;
-  serving: boolean;
-  terminating: boolean;
-  zoneHints: string[] | null;
-  nodeHints: string[] | null;
+interface SlicePort {
+  readonly name: string;
+  readonly port: number;
+  readonly protocol: Protocol;
+  /** `portKey(name, protocol)`. */
+  readonly key: string;
+}
+
+const READY = 1, SERVING = 2, TERMINATING = 4, LOCAL = 8;
+
+/** Zone and node hints of an endpoint (rare: kept out of the endpoint itself). */
+interface Hints {
+  readonly zones: ReadonlySet<string> | null;
+  readonly nodes: ReadonlySet<string> | null;
 }
 
 /**
- * A parsed slice. Its endpoints are kept only as the {@linkcode EndpointInfo}s of each port (sorted by IP),
- * built once per slice version and shared by every merge, so that the merged lists of unchanged endpoints are
- * the same objects from one checkout to the next and the endpoint data is held once.
+ * One endpoint of one slice port, as the proxy model holds it: the `ip:port` text (a flat string, also the sort
+ * key), the port, the conditions as bits, interned node and zone names, and hints only when present. Built once
+ * per slice version; unchanged endpoints stay the same objects from one sync to the next.
  */
-interface SliceInfo {
-  ports: SlicePort[];
-  /** One list per port (index as `ports`); a slice without usable ports keeps one list for port 0. */
-  byPort: EndpointInfo[][];
+class Endpoint implements EndpointInfo {
+  constructor(
+    readonly endpoint: string,
+    readonly port: number,
+    private readonly flags: number,
+    readonly nodeName: string,
+    readonly zone: string,
+    private readonly hints: Hints | null,
+  ) {}
+  get ip(): string {
+    const e = this.endpoint;
+    return e.charCodeAt(0) === 91 /* [ */ ? e.slice(1, e.lastIndexOf("]")) : e.slice(0, e.lastIndexOf(":"));
+  }
+  get isLocal(): boolean {
+    return (this.flags & LOCAL) !== 0;
+  }
+  get ready(): boolean {
+    return (this.flags & READY) !== 0;
+  }
+  get serving(): boolean {
+    return (this.flags & SERVING) !== 0;
+  }
+  get terminating(): boolean {
+    return (this.flags & TERMINATING) !== 0;
+  }
+  get zoneHints(): ReadonlySet<string> | null {
+    return this.hints?.zones ?? null;
+  }
+  get nodeHints(): ReadonlySet<string> | null {
+    return this.hints?.nodes ?? null;
+  }
+}
+
+/** `ip:port` / `[ip]:port` as one flat string (a concatenation would keep a cons string and its parts). */
+function flatHostPort(ip: string, port: number): string {
+  return ip.includes(":") ? ["[", ip, "]:", port].join("") : [ip, port].join(":");
+}
+
+/** Returns one shared copy of equal strings (node and zone names repeat across endpoints). */
+class Interner {
+  #m = new Map<string, string>();
+  get(s: string): string {
+    if (s === "") return s;
+    const v = this.#m.get(s);
+    if (v !== undefined) return v;
+    if (this.#m.size >= 100_000) this.#m.clear();
+    this.#m.set(s, s);
+    return s;
+  }
+}
+
+/**
+ * A parsed slice: its ports and, per port, its endpoints sorted by `endpoint` with duplicates merged as upstream
+ * merges them (a non-terminating copy wins over a terminating one, else the first stays). As the only slice of
+ * its Service it is also that Service's {@linkcode ServiceEndpoints} (no merged copy is made).
+ */
+class SliceInfo implements ServiceEndpoints {
+  constructor(
+    readonly name: string,
+    readonly ports: readonly SlicePort[],
+    /** One list per port (index as `ports`); a slice without usable ports keeps one list for port 0. */
+    readonly byPort: readonly (readonly EndpointInfo[])[],
+    /** Port keys are distinct, so the lists can serve as the Service's endpoints as they are. */
+    private readonly distinctKeys: boolean,
+  ) {}
+
+  /** True when this slice alone can stand for its Service's endpoints. */
+  get standsAlone(): boolean {
+    return this.distinctKeys;
+  }
+
+  get(key: string): readonly EndpointInfo[] | undefined {
+    for (let i = 0; i < this.ports.length; i++) {
+      if (this.ports[i].key === key) return this.byPort[i].length > 0 ? this.byPort[i] : undefined;
+    }
+    return undefined;
+  }
+
+  *keys(): Iterable<string> {
+    for (let i = 0; i < this.ports.length; i++) if (this.byPort[i].length > 0) yield this.ports[i].key;
+  }
+
+  get size(): number {
+    let n = 0;
+    for (let i = 0; i < this.ports.length; i++) if (this.byPort[i].length > 0) n++;
+    return n;
+  }
+}
+
+const NO_SERVICE_ENDPOINTS: ServiceEndpoints = new Map<string, readonly EndpointInfo[]>();
+
+function sameHints(a: EndpointInfo, b: EndpointInfo): boolean {
+  return setEq(a.zoneHints, b.zoneHints) && setEq(a.nodeHints, b.nodeHints);
 }
 
 /**
  * Field-wise equality of two parsed slices, for no-op detection (upstream's reflect.DeepEqual). Compared
- * instead of keeping a canonical text per slice, which cost about 1.3 KiB per 10-endpoint slice. Every
- * port's list is derived from the same endpoints, so equal ports and equal first lists mean equal slices.
+ * instead of keeping a canonical text per slice. Every port's list is derived from the same endpoints, so equal
+ * ports and equal first lists mean equal slices.
  */
 function sameSliceInfo(a: SliceInfo, b: SliceInfo): boolean {
   if (a.ports.length !== b.ports.length) return false;
   for (let i = 0; i < a.ports.length; i++) {
     const x = a.ports[i], y = b.ports[i];
-    if (x.name !== y.name || x.port !== y.port || x.protocol !== y.protocol) return false;
+    if (x !== y && (x.name !== y.name || x.port !== y.port || x.protocol !== y.protocol)) return false;
   }
   const p = a.byPort[0], q = b.byPort[0];
   if (p.length !== q.length) return false;
   for (let i = 0; i < p.length; i++) {
     const x = p[i], y = q[i];
     if (
-      x.ip !== y.ip || x.nodeName !== y.nodeName || x.zone !== y.zone || x.ready !== y.ready ||
-      x.serving !== y.serving || x.terminating !== y.terminating || !setEq(x.zoneHints, y.zoneHints) ||
-      !setEq(x.nodeHints, y.nodeHints)
+      x.endpoint !== y.endpoint || x.nodeName !== y.nodeName || x.zone !== y.zone || x.ready !== y.ready ||
+      x.serving !== y.serving || x.terminating !== y.terminating || !sameHints(x, y)
     ) return false;
   }
   return true;
@@ -95,9 +189,29 @@ export function sliceKeys(slice: EndpointSlice): { serviceKey: string; sliceName
   return { serviceKey: `${ns}/${svcName}`, sliceName: name };
 }
 
+/** Merges a port's endpoint list (in slice order) by `endpoint`, as upstream merges duplicates; then sorts. */
+function dedupSorted(list: Endpoint[]): Endpoint[] {
+  // Stable sort: duplicates keep their slice order, so "the first stays" means the same as in a merge.
+  list.sort((a, b) => (a.endpoint < b.endpoint ? -1 : a.endpoint > b.endpoint ? 1 : 0));
+  let w = 0;
+  for (let i = 0; i < list.length; i++) {
+    const e = list[i];
+    if (w > 0 && list[w - 1].endpoint === e.endpoint) {
+      if (list[w - 1].terminating && !e.terminating) list[w - 1] = e;
+      continue;
+    }
+    list[w++] = e;
+  }
+  list.length = w;
+  return list;
+}
+
 /** The slices of every Service of one family, and the merged endpoints built from them. */
 export class EndpointSliceCache {
-  readonly #slices = new Map<string, Map<string, SliceInfo>>();
+  /** Per Service: its only slice, or its slices by name. */
+  readonly #slices = new Map<string, SliceInfo | Map<string, SliceInfo>>();
+  readonly #strings = new Interner();
+  readonly #ports = new Map<string, readonly SlicePort[]>();
 
   /**
    * @param nodeName This node's name (for `isLocal`).
@@ -113,18 +227,29 @@ export class EndpointSliceCache {
     const keys = sliceKeys(slice);
     if (!keys) return null;
     if (slice.addressType !== undefined && slice.addressType !== this.family) return null;
-    const bySlice = this.#slices.get(keys.serviceKey);
+    const cur = this.#slices.get(keys.serviceKey);
+    const prev = cur === undefined
+      ? undefined
+      : cur instanceof SliceInfo
+      ? (cur.name === keys.sliceName ? cur : undefined)
+      : cur.get(keys.sliceName);
     if (remove) {
-      if (!bySlice?.has(keys.sliceName)) return null;
-      bySlice.delete(keys.sliceName);
-      if (bySlice.size === 0) this.#slices.delete(keys.serviceKey);
+      if (!prev) return null;
+      if (cur instanceof SliceInfo) this.#slices.delete(keys.serviceKey);
+      else {
+        const m = cur as Map<string, SliceInfo>;
+        m.delete(keys.sliceName);
+        if (m.size === 1) this.#slices.set(keys.serviceKey, m.values().next().value!);
+      }
       return keys.serviceKey;
     }
-    const info = this.#sliceInfo(slice);
-    const prev = bySlice?.get(keys.sliceName);
+    const info = this.#sliceInfo(slice, keys.sliceName);
     if (prev && sameSliceInfo(prev, info)) return null;
-    if (bySlice) bySlice.set(keys.sliceName, info);
-    else this.#slices.set(keys.serviceKey, new Map([[keys.sliceName, info]]));
+    if (cur === undefined || (cur instanceof SliceInfo && cur.name === keys.sliceName)) {
+      this.#slices.set(keys.serviceKey, info);
+    } else if (cur instanceof SliceInfo) {
+      this.#slices.set(keys.serviceKey, new Map([[cur.name, cur], [info.name, info]]));
+    } else cur.set(keys.sliceName, info);
     return keys.serviceKey;
   }
 
@@ -134,18 +259,19 @@ export class EndpointSliceCache {
   }
 
   /** Merged endpoints of one Service from its current slices. */
-  endpointsFor(serviceKey: string): Map<string, EndpointInfo[]> {
-    const out = new Map<string, EndpointInfo[]>();
-    const bySlice = this.#slices.get(serviceKey);
-    if (!bySlice) return out;
+  endpointsFor(serviceKey: string): ServiceEndpoints {
+    const cur = this.#slices.get(serviceKey);
+    if (cur === undefined) return NO_SERVICE_ENDPOINTS;
+    if (cur instanceof SliceInfo && cur.standsAlone) return cur;
+    const bySlice = cur instanceof SliceInfo ? new Map([[cur.name, cur]]) : cur;
+    const out = new Map<string, readonly EndpointInfo[]>();
     // Slices in name order so that the result does not depend on arrival order.
     const names = [...bySlice.keys()].sort();
     const sets = new Map<string, Map<string, EndpointInfo>>();
     for (const sliceName of names) {
       const info = bySlice.get(sliceName)!;
       for (let j = 0; j < info.ports.length; j++) {
-        const port = info.ports[j];
-        const key = portKey(port.name, port.protocol);
+        const key = info.ports[j].key;
         let set = sets.get(key);
         if (!set) sets.set(key, set = new Map());
         for (const e of info.byPort[j]) {
@@ -166,24 +292,19 @@ export class EndpointSliceCache {
     return out;
   }
 
-  #endpointInfo(e: SliceEndpoint, port: number): EndpointInfo {
-    const endpoint = joinHostPort(e.ip, port);
-    return {
-      ip: e.ip,
-      port,
-      endpoint,
-      isLocal: this.nodeName !== "" && e.nodeName === this.nodeName,
-      ready: e.ready,
-      serving: e.serving,
-      terminating: e.terminating,
-      zoneHints: e.zoneHints ? new Set(e.zoneHints) : null,
-      nodeHints: e.nodeHints ? new Set(e.nodeHints) : null,
-      nodeName: e.nodeName,
-      zone: e.zone,
-    };
+  /** The slice's ports, one shared (frozen) list per distinct set of ports. */
+  #internPorts(ports: SlicePort[]): readonly SlicePort[] {
+    let key = "";
+    for (const p of ports) key += `${p.name}\u0000${p.port}\u0000${p.protocol}\u0001`;
+    const hit = this.#ports.get(key);
+    if (hit) return hit;
+    if (this.#ports.size >= 10_000) this.#ports.clear();
+    const frozen = Object.freeze(ports.map((p) => Object.freeze(p)));
+    this.#ports.set(key, frozen);
+    return frozen;
   }
 
-  #sliceInfo(slice: EndpointSlice): SliceInfo {
+  #sliceInfo(slice: EndpointSlice, sliceName: string): SliceInfo {
     const ports: SlicePort[] = [];
     for (const p of slice.ports ?? []) {
       if (!p) continue;
@@ -198,10 +319,12 @@ export class EndpointSliceCache {
         });
         continue;
       }
-      ports.push({ name: p.name, port: p.port, protocol: (p.protocol ?? "TCP") as Protocol });
+      const protocol = (p.protocol ?? "TCP") as Protocol;
+      ports.push({ name: p.name, port: p.port, protocol, key: portKey(p.name, protocol) });
     }
     ports.sort((a, b) => a.port - b.port);
-    const endpoints: SliceEndpoint[] = [];
+    const strings = this.#strings;
+    const parsed: { ip: string; flags: number; nodeName: string; zone: string; hints: Hints | null }[] = [];
     for (const ep of slice.endpoints ?? []) {
       const ip = ep?.addresses?.[0];
       if (!ip) {
@@ -214,22 +337,29 @@ export class EndpointSliceCache {
       const c = ep.conditions ?? {};
       const zoneHints = ep.hints?.forZones?.length ? ep.hints.forZones.map((z) => z.name).sort() : null;
       const nodeHints = ep.hints?.forNodes?.length ? ep.hints.forNodes.map((n) => n.name).sort() : null;
-      endpoints.push({
+      const nodeName = strings.get(ep.nodeName ?? "");
+      let flags = 0;
+      if (c.ready === undefined || c.ready === null || c.ready === true) flags |= READY;
+      if (c.serving === undefined || c.serving === null || c.serving === true) flags |= SERVING;
+      if (c.terminating === true) flags |= TERMINATING;
+      if (this.nodeName !== "" && nodeName === this.nodeName) flags |= LOCAL;
+      parsed.push({
         ip,
-        nodeName: ep.nodeName ?? "",
-        zone: ep.zone ?? "",
-        ready: c.ready === undefined || c.ready === null || c.ready === true,
-        serving: c.serving === undefined || c.serving === null || c.serving === true,
-        terminating: c.terminating === true,
-        zoneHints,
-        nodeHints,
+        flags,
+        nodeName,
+        zone: strings.get(ep.zone ?? ""),
+        hints: zoneHints || nodeHints
+          ? { zones: zoneHints ? new Set(zoneHints) : null, nodes: nodeHints ? new Set(nodeHints) : null }
+          : null,
       });
     }
-    endpoints.sort((a, b) => (a.ip < b.ip ? -1 : a.ip > b.ip ? 1 : 0));
-    const byPort = ports.length === 0
-      ? [endpoints.map((e) => this.#endpointInfo(e, 0))]
-      : ports.map((p) => endpoints.map((e) => this.#endpointInfo(e, p.port)));
-    return { ports, byPort };
+    const make = (port: number) =>
+      dedupSorted(
+        parsed.map((e) => new Endpoint(flatHostPort(e.ip, port), port, e.flags, e.nodeName, e.zone, e.hints)),
+      );
+    const byPort = ports.length === 0 ? [make(0)] : ports.map((p) => make(p.port));
+    const distinct = new Set(ports.map((p) => p.key)).size === ports.length;
+    return new SliceInfo(sliceName, this.#internPorts(ports), byPort, distinct);
   }
 }
 

@@ -153,10 +153,17 @@ export class Proxier {
     this.onServiceUpdate(null, svc);
   }
 
-  /** Service informer: updated (`old` null for an add). */
+  /**
+   * Service informer: updated (`old` null for an add). `old === svc` is a resync (the informer re-delivers its
+   * cached object, which may keep only the identity): counted as a change, as upstream, but nothing is re-parsed
+   * since the Service is unchanged.
+   */
   onServiceUpdate(old: Service | null, svc: Service | null): void {
     let pending = false;
-    for (const f of this.#families) pending = f.services.update(old, svc) || pending;
+    const resync = old !== null && old === svc;
+    for (const f of this.#families) {
+      pending = (resync ? f.services.resync() : f.services.update(old, svc)) || pending;
+    }
     if (pending && this.#initialized) this.sync();
   }
 
@@ -176,8 +183,13 @@ export class Proxier {
     this.#endpointSliceChange(slice, false);
   }
 
-  /** EndpointSlice informer: updated. */
-  onEndpointSliceUpdate(_old: EndpointSlice | null, slice: EndpointSlice): void {
+  /** EndpointSlice informer: updated. `old === slice` is a resync: counted as a change, as upstream, and a no-op. */
+  onEndpointSliceUpdate(old: EndpointSlice | null, slice: EndpointSlice): void {
+    if (old !== null && old === slice) {
+      if (slice.addressType !== "IPv4" && slice.addressType !== "IPv6") return;
+      for (const f of this.#families) if (f.family === slice.addressType) f.endpoints.resync();
+      return;
+    }
     this.#endpointSliceChange(slice, false);
   }
 

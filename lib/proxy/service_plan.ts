@@ -61,7 +61,7 @@ export function planServicePort(info: ServicePortInfo, sel: EndpointSelection): 
   // With no endpoints at all, traffic is rejected; with endpoints only elsewhere under a Local policy, dropped.
   const firewalled = info.loadBalancerVIPs.length > 0 && info.loadBalancerSourceRanges.length > 0;
   const verdict = (has: boolean): NoEndpointVerdict | null => has ? null : hasEndpoints ? "drop" : "reject";
-  return {
+  return intern({
     externallyAccessible,
     externalPolicyLocal,
     hasEndpoints,
@@ -76,7 +76,17 @@ export function planServicePort(info: ServicePortInfo, sel: EndpointSelection): 
     usesFirewallChain: hasEndpoints && firewalled,
     internalVerdict: verdict(hasInternalEndpoints),
     externalVerdict: verdict(hasExternalEndpoints),
-  };
+  });
+}
+
+const plans = new Map<string, ServicePortPlan>();
+
+/** One shared (frozen) object per distinct plan: plans hold only flags, and most ports have the same few. */
+function intern(p: ServicePortPlan): ServicePortPlan {
+  const key = Object.values(p).join(",");
+  let hit = plans.get(key);
+  if (hit === undefined) plans.set(key, hit = Object.freeze(p));
+  return hit;
 }
 
 /**

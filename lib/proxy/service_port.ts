@@ -10,6 +10,7 @@
 import type { Service, ServicePort } from "../kube/types.ts";
 import { log } from "../log.ts";
 import { parseCIDR, parseIP } from "../net/ip.ts";
+import { flatString } from "../flat_string.ts";
 import { type IPFamily, type Protocol, type ServicePortInfo, servicePortNameString } from "./types.ts";
 
 /**
@@ -22,6 +23,9 @@ export type InvalidServiceCallback = (service: Service, reason: string, field?: 
 export const DEFAULT_STICKY_MAX_AGE_SECONDS = 10800;
 
 const PROTOCOLS: ReadonlySet<string> = new Set(["TCP", "UDP", "SCTP"]);
+
+/** The empty list every port without externalIPs, VIPs or source ranges shares. */
+const NONE: readonly string[] = Object.freeze([]);
 
 /** `namespace/name` of an object. */
 export function objectKey(obj: { metadata?: { namespace?: string; name?: string } }): string {
@@ -99,7 +103,8 @@ export function buildServicePorts(
   if (shouldSkipService(svc)) return null;
   const namespace = svc.metadata?.namespace ?? "";
   const name = svc.metadata?.name ?? "";
-  const serviceKey = `${namespace}/${name}`;
+  // Kept for as long as the Service exists (and doubles as an unnamed port's name).
+  const serviceKey = flatString(`${namespace}/${name}`);
   const invalid = (reason: string, kv: Record<string, unknown> = {}, field?: string) => {
     log.error(reason, undefined, { service: serviceKey, ipFamily: family, ...kv });
     try {
@@ -210,7 +215,7 @@ export function buildServicePorts(
         }, `spec.ports[${i}].nodePort`);}
     }
     const spn = { namespace, name, port: sp.name ?? "", protocol };
-    const nameString = servicePortNameString(spn);
+    const nameString = spn.port === "" ? serviceKey : flatString(servicePortNameString(spn));
     out.set(nameString, {
       name: spn,
       nameString,
@@ -219,9 +224,9 @@ export function buildServicePorts(
       port: sp.port,
       protocol,
       nodePort,
-      externalIPs,
-      loadBalancerVIPs: lbVIPs,
-      loadBalancerSourceRanges: sourceRanges,
+      externalIPs: externalIPs.length === 0 ? NONE : externalIPs,
+      loadBalancerVIPs: lbVIPs.length === 0 ? NONE : lbVIPs,
+      loadBalancerSourceRanges: sourceRanges.length === 0 ? NONE : sourceRanges,
       stickyMaxAgeSeconds,
       externalPolicyLocal,
       internalPolicyLocal,

@@ -103,6 +103,8 @@ export function categorizeEndpoints(
       for (const ep of endpoints) if (ep.serving && ep.terminating) clusterEndpoints.push(ep);
     }
     if (clusterEndpoints.length > 0) hasAnyEndpoints = true;
+    // Every endpoint qualified (the usual case): share the port's list instead of holding a copy.
+    if (clusterEndpoints.length === endpoints.length) clusterEndpoints = endpoints as EndpointInfo[];
   }
 
   if (!usesLocal) {

@@ -109,3 +109,57 @@ Deno.test("simulator: 20k services list in pages of 500 and fan out to 3 watcher
     await sim.close();
   }
 });
+
+Deno.test("simulator: watch-list (sendInitialEvents) sends the state, an initial-events-end bookmark, then live events", async () => {
+  const sim = await ApiServerSimulator.start({ bookmarkIntervalMs: 0 });
+  const c = new KubeClient({ server: sim.url, source: "t" }, { qps: 0 });
+  const ctl = new AbortController();
+  try {
+    sim.upsert("services", svc("ns", "a"));
+    sim.upsert("services", svc("ns", "b"));
+    const rvAtStart = String(sim.rv);
+    const seen: string[] = [];
+    const stream = c.watch("/api/v1/services", {
+      sendInitialEvents: "true",
+      resourceVersionMatch: "NotOlderThan",
+      allowWatchBookmarks: "true",
+    }, ctl.signal);
+    for await (const ev of stream) {
+      const m = ev.object.metadata!;
+      seen.push(`${ev.type} ${m.name ?? ""} ${m.annotations?.["k8s.io/initial-events-end"] ?? ""}`.trim());
+      if (ev.type === "BOOKMARK") {
+        assert.equal(m.resourceVersion, rvAtStart, "the bookmark carries the state's resourceVersion");
+        sim.upsert("services", svc("ns", "c"));
+      }
+      if (m.name === "c") break;
+    }
+    assert.deepEqual(seen, ["ADDED a", "ADDED b", "BOOKMARK  true", "ADDED c"]);
+    // kube-apiserver's validation: the mode needs bookmarks and resourceVersionMatch=NotOlderThan.
+    const bad = c.watch("/api/v1/services", {
+      sendInitialEvents: "true",
+      resourceVersionMatch: "NotOlderThan",
+    });
+    await assert.rejects(bad.next(), /422/);
+  } finally {
+    ctl.abort();
+    c.close();
+    await sim.close();
+  }
+});
+
+Deno.test("simulator: with watchCache a resourceVersion=0 list ignores limit, other lists are paginated", async () => {
+  const sim = await ApiServerSimulator.start({ bookmarkIntervalMs: 0, watchCache: true });
+  const c = new KubeClient({ server: sim.url, source: "t" }, { qps: 0 });
+  try {
+    for (let i = 0; i < 5; i++) sim.upsert("services", svc("ns", `s${i}`));
+    const whole = await c.list("/api/v1/services", { limit: 2, resourceVersion: "0" });
+    assert.equal(whole.items?.length, 5);
+    assert.equal(whole.metadata?.continue, undefined);
+    const page = await c.list("/api/v1/services", { limit: 2 });
+    assert.equal(page.items?.length, 2);
+    assert.ok(page.metadata?.continue);
+  } finally {
+    c.close();
+    await sim.close();
+  }
+});

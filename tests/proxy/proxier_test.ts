@@ -6,6 +6,7 @@ import { Proxier } from "../../lib/proxy/proxier.ts";
 import { metricsText } from "../../lib/metrics.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, SyncResult } from "../../lib/proxy/types.ts";
 import type { Node } from "../../lib/kube/types.ts";
+import { keepEndpointSliceIdentity, keepServiceIdentity } from "../../lib/kube/informer.ts";
 import { service, slice } from "./helpers.ts";
 
 configureLogging({ sink: () => {} });
@@ -339,5 +340,36 @@ Deno.test("Proxier hands each family its ServiceCIDRs and syncs when they change
   proxier.onServiceCIDRsChanged(["10.97.0.0/16", "10.96.0.0/16", "fd00:10:96::/112"]);
   await clock.advance(1000);
   assert.equal(dps.get("IPv4")!.snapshots.length, n4 + 1, "same set in another order: nothing to do");
+  await proxier.stop();
+});
+
+Deno.test("Proxier: a resync of identity-only cached objects is a counted no-op (nothing re-parsed, no sync)", async () => {
+  const { clock, dp, proxier } = setup();
+  proxier.start();
+  const s = service("ns", "a");
+  const sl = slice("ns", "a", "a1", [{ addresses: ["10.0.0.1"] }]);
+  proxier.onServiceAdd(s);
+  proxier.onEndpointSliceAdd(sl);
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  await clock.advance(0);
+  assert.equal(dp.snapshots.length, 1);
+  const count = async (name: string) =>
+    Number((await metricsText()).match(new RegExp(`^${name} (\\S+)$`, "m"))?.[1] ?? 0);
+  const svcChanges = await count("kubeproxy_sync_proxy_rules_service_changes_total");
+  const epChanges = await count("kubeproxy_sync_proxy_rules_endpoint_changes_total");
+  // What an informer with keepServiceIdentity / keepEndpointSliceIdentity re-delivers on resync.
+  const keptSvc = keepServiceIdentity(s);
+  const keptSlice = keepEndpointSliceIdentity(sl);
+  proxier.onServiceUpdate(keptSvc, keptSvc);
+  proxier.onEndpointSliceUpdate(keptSlice, keptSlice);
+  await clock.advance(5000);
+  assert.equal(dp.snapshots.length, 1, "no sync");
+  assert.equal(await count("kubeproxy_sync_proxy_rules_service_changes_total"), svcChanges + 1);
+  assert.equal(await count("kubeproxy_sync_proxy_rules_endpoint_changes_total"), epChanges + 1);
+  // The model still has the Service and its endpoint: a later real change syncs it with both.
+  proxier.onEndpointSliceUpdate(keptSlice, slice("ns", "a", "a1", [{ addresses: ["10.0.0.2"] }]));
+  await clock.advance(5000);
+  assert.deepEqual(dp.last.servicePorts.get("ns/a:p80")!.endpoints.map((e) => e.endpoint), ["10.0.0.2:80"]);
   await proxier.stop();
 });

@@ -1,45 +1,76 @@
 /**
- * Smoke test of the scale harness (scripts/scale.ts): 50 Services × 3 endpoints, 3 s of churn at 20/s,
- * with the real agent and real iptables-legacy in a throwaway namespace. Skipped (explicitly) when not root.
+ * Smoke test of the side-by-side scale harness (scripts/scale.ts) at small scale: 100 Services × 3 endpoints,
+ * 3 s of churn (20 endpoint updates and 1 added Service per second), this agent and upstream kube-proxy on the
+ * same generated state with real iptables-legacy in throwaway namespaces. Upstream runs when
+ * scripts/build_k8s.sh has built it; skipped (explicitly) when not root.
  * @module
  */
 import assert from "node:assert/strict";
-import { markdownRow, runScale } from "../../scripts/scale.ts";
+import { runScale, type ScaleOptions, sideBySide } from "../../scripts/scale.ts";
+import { type AgentName, upstreamAvailable } from "../../scripts/scale_agents.ts";
 import { privilegedTest } from "../../testkit/privileged.ts";
 
 const unavailable = Deno.uid() !== 0 ? "the scale harness needs root" : undefined;
+const withUpstream = await upstreamAvailable();
 
 privilegedTest(unavailable, {
-  name: "scale harness: 50 services, 3 s churn — every service programmed, latencies measured",
+  name: `scale harness side by side: 100 services, 3 s churn — ${
+    withUpstream ? "ours and upstream" : "ours only (upstream kube-proxy not built)"
+  }: every service programmed, every change seen in the kernel, figures measured`,
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
-    const r = await runScale({
-      services: 50,
+    const agents: AgentName[] = withUpstream ? ["ours", "upstream"] : ["ours"];
+    const o: ScaleOptions = {
+      services: 100,
       endpoints: 3,
+      mode: "iptables",
       backend: "legacy",
+      agents,
+      runs: 1,
       churn: 20,
+      serviceAdds: 1,
       duration: 3,
       minSync: 1,
-      timeout: 40,
+      settle: 2,
+      timeout: 60,
+      bareRestore: true,
+      seed: 1,
       keep: false,
       verbose: false,
-    });
-    console.log(markdownRow(r));
-    assert(r.firstSyncS !== null && r.firstSyncS > 0, "first sync measured");
-    assert.deepEqual(r.programmedServices, 50, "every Service has its KUBE-SERVICES rule in the kernel");
-    assert.deepEqual(r.events, 60);
-    assert.deepEqual(r.resolved, r.events, "every EndpointSlice update reached a restore payload");
-    assert.deepEqual(r.handedMs.length, r.events);
-    assert(r.handedMs.every((ms) => ms >= 0 && ms < 20_000), `latencies plausible: ${r.handedMs}`);
-    assert(r.metricCount > 0, "the agent's network programming histogram has observations");
-    assert(r.partialSyncs.length > 0, "churn was applied by partial syncs");
-    assert(r.fullSyncs.length > 0 && r.fullSyncs[0].bytes > 0, "payload bytes logged");
+    };
+    const runs = await runScale(o);
+    const table = sideBySide(o, runs);
+    console.log(table);
+    assert.equal(runs.length, agents.length);
+    for (const r of runs) {
+      const who = `${r.agent}: `;
+      assert.deepEqual(r.errors, [], who + "no errors");
+      assert(r.firstSyncS !== null && r.firstSyncS > 0 && r.firstSyncS < 60, who + "first sync measured");
+      assert(
+        r.bareRestoreS !== null && r.bareRestoreS > 0,
+        who + "bare restore of the same payload measured",
+      );
+      assert.equal(r.programmed, 103, who + "every Service (100 + 3 added) has its rule in the kernel");
+      assert.equal(r.endpointEvents, 60);
+      assert.equal(r.endpointResolved, 60, who + "every EndpointSlice update reached a restore payload");
+      assert.equal(r.serviceEvents, 3);
+      assert.equal(r.serviceResolved, 3, who + "every added Service reached a restore payload");
+      assert(
+        r.endpointInKernelMs.every((ms) => ms >= 0 && ms < 20_000),
+        `${who}latencies ${r.endpointInKernelMs}`,
+      );
+      assert(r.partialRestores.length > 0, who + "churn applied by restores");
+      assert(r.rssSettledMiB !== null && r.hwmMiB !== null && r.hwmMiB >= r.rssSettledMiB, who + "memory");
+      assert.equal(r.restoreFailures, 0);
+    }
+    const ours = runs.find((r) => r.agent === "ours")!;
     assert.deepEqual(
-      r.callsDuringPartial.map((c) => c.name),
+      ours.oursCallsDuringPartial,
       [],
       "no iptables call besides the restore in a partial sync",
     );
-    assert(r.rssChurnMiB !== null && r.hwmMiB !== null && r.cpuPerS >= 0);
+    assert(ours.oursFullGenerateMs !== null, "generation time logged");
+    if (withUpstream) assert.match(table, /\| ours \| upstream \| ours \/ upstream \|/);
   },
 });

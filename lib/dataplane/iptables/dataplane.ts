@@ -28,10 +28,10 @@ import {
   iptablesRulesTotal,
 } from "../../metrics.ts";
 import { type IptablesBackend, type IptablesTools, iptablesTools } from "../iptables_backend.ts";
-import { isServiceChainName } from "./chain_names.ts";
+import { chainNames, isServiceChainName, type PortChains, removedChainNames } from "./chain_names.ts";
 import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED, NfacctCounters } from "./nfacct.ts";
-import { hasJump, missingJumpLines, parseSavedTable } from "../iptables_jumps.ts";
-import { extractLines, PayloadWriter, SectionCache } from "../payload.ts";
+import { hasJump, missingJumpLines, SavedTableReader } from "../iptables_jumps.ts";
+import { ChunkWriter, collectChunks, DEFAULT_CHUNK_BYTES, extractLines, SectionCache } from "../payload.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";
 import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
 import {
@@ -52,9 +52,9 @@ import {
   masqueradeMark,
   natHeadRules,
   nodePortsTailRules,
+  renderChainRules,
   type RenderConfig,
   renderServicePort,
-  sameBytes,
   type ServicePortBlock,
 } from "./rules.ts";
 
@@ -89,6 +89,8 @@ export interface IptablesDataplaneOptions {
    * source range contains the node IP). When unset (or of the other family), `snapshot.node.ips[0]` is used.
    */
   nodeIP?: string;
+  /** Bytes per chunk streamed to iptables-restore's stdin (default 256 KiB). */
+  chunkBytes?: number;
   logger?: Logger;
   /**
    * The node's nfacct counters (default: through the `nfacct` program with `runner`); null to write rules
@@ -98,16 +100,6 @@ export interface IptablesDataplaneOptions {
 }
 
 const decoder = new TextDecoder();
-
-/** Chains of `old` missing from `now` (a set only for long lists). */
-function removedChains(old: readonly string[], now: readonly string[], out: string[]): void {
-  if (now.length > 16) {
-    const keep = new Set(now);
-    for (const c of old) if (!keep.has(c)) out.push(c);
-  } else {
-    for (const c of old) if (!now.includes(c)) out.push(c);
-  }
-}
 
 /** Parses iptables-restore's "line N failed" / "line N: ..." error. */
 export function failedLine(stderr: string): number | null {
@@ -128,33 +120,46 @@ interface ScanResult {
 
 /** The payload of one sync, kept for tests and error messages. */
 export interface BuiltPayload {
-  /** The payload as handed to iptables-restore (a view of a reused buffer: valid until the next build). */
+  /** The payload as handed to iptables-restore (rendered again from the sync's plan on first use). */
   readonly bytes: Uint8Array;
-  /** The payload as text (decoded on first use, which must come before the next build). */
+  /** The payload as text. */
   readonly text: string;
   readonly full: boolean;
   /** Chains deleted by this payload. */
   readonly deleted: readonly string[];
 }
 
+/** A payload re-rendered on demand from its plan (the same bytes as were streamed). */
 class Payload implements BuiltPayload {
+  #bytes: Uint8Array | null = null;
   #text: string | null = null;
-  constructor(
-    readonly bytes: Uint8Array,
-    readonly full: boolean,
-    readonly deleted: readonly string[],
-    private readonly writer: PayloadWriter,
-    private readonly generation: number,
-  ) {}
+  constructor(private readonly plan: Plan, private readonly render: (p: Plan) => Iterable<Uint8Array>) {}
+
+  get full(): boolean {
+    return this.plan.full;
+  }
+
+  get deleted(): readonly string[] {
+    return this.plan.deleted;
+  }
+
+  get bytes(): Uint8Array {
+    return this.#bytes ??= collectChunks(this.render(this.plan));
+  }
 
   get text(): string {
-    if (this.#text === null) {
-      if (this.writer.overwrote(this.bytes.buffer, this.generation)) {
-        throw new Error("payload buffer was reused by a later build; read .text before building again");
-      }
-      this.#text = decoder.decode(this.bytes);
-    }
-    return this.#text;
+    return this.#text ??= decoder.decode(this.bytes);
+  }
+}
+
+/** Sums the time spent producing each chunk (the generation share of a streamed sync). */
+function* timed(gen: Iterator<Uint8Array>, acc: { ms: number }): Generator<Uint8Array, void, undefined> {
+  for (;;) {
+    const t = performance.now();
+    const r = gen.next();
+    acc.ms += performance.now() - t;
+    if (r.done) return;
+    yield r.value;
   }
 }
 
@@ -176,13 +181,13 @@ export class IptablesDataplane implements Dataplane {
 
   /** Rendered blocks by `nameString`. */
   private readonly blocks = new Map<string, ServicePortBlock>();
-  private readonly filterSection = new SectionCache();
   private readonly dispatchSection = new SectionCache();
-  private readonly writer = new PayloadWriter();
-  /** True while iptables-restore may still be reading the writer's buffer. */
-  private applying = false;
+  /** True while a sync streams its payload (blocks and sections must not change meanwhile). */
+  private streaming = false;
+  /** Bytes per chunk handed to iptables-restore. */
+  private readonly chunkBytes: number;
   /** Chains of each port as last successfully written. */
-  private applied = new Map<string, readonly string[]>();
+  private applied = new Map<string, PortChains>();
   private needFull = true;
   private largeCluster = false;
   /** The last restore left rules in nat KUBE-SERVICES (checked by needsFullSync in small clusters). */
@@ -202,6 +207,7 @@ export class IptablesDataplane implements Dataplane {
     this.npaEntries = opts.nodePortAddresses ?? [];
     this.randomFully = opts.randomFully ?? true;
     this.nfacct = opts.nfacct === undefined ? new NfacctCounters(this.runner, this.log) : opts.nfacct;
+    this.chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
   }
 
   /** Checks the mangle canary chain (cheap: mangle is small); true when it is gone and a full sync is due. */
@@ -327,8 +333,13 @@ export class IptablesDataplane implements Dataplane {
     const ownsKubeletChain = this.cfg!.localhostNodePorts;
     const jumps = [...JUMP_RULES, ...(ownsKubeletChain ? KUBELET_JUMP_RULES : [])];
     for (const table of ["filter", "nat"] as const) {
-      const r = await this.runner.run({ cmd: this.tools.save, args: ["-t", table], timeoutMs: 120_000 });
-      const saved = parseSavedTable(r.stdout);
+      const saved = new SavedTableReader();
+      await this.runner.run({
+        cmd: this.tools.save,
+        args: ["-t", table],
+        timeoutMs: 120_000,
+        stdoutLines: saved.line,
+      });
       for (const c of saved.chains) res.chains[table].add(c);
       res.missingJumps[table] = missingJumpLines(saved, table, jumps);
       if (table === "filter" && !ownsKubeletChain) {
@@ -370,6 +381,7 @@ export class IptablesDataplane implements Dataplane {
     if (snapshot.family !== this.family) {
       throw new Error(`iptables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
     }
+    if (this.streaming) throw new Error("iptables dataplane: sync while another sync is streaming");
     if (!this.initialized) await this.init(snapshot);
     const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
     const nodeIP = this.nodeIPOf(snapshot);
@@ -378,7 +390,6 @@ export class IptablesDataplane implements Dataplane {
     if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP || cfg0 !== this.cfg) {
       // Every block renders differently now: drop the cache and write everything.
       this.blocks.clear();
-      this.filterSection.clear();
       this.dispatchSection.clear();
       this.largeCluster = largeCluster;
       this.cfg = nodeIP !== cfg0.nodeIP ? { ...cfg0, nodeIP } : cfg0;
@@ -393,28 +404,38 @@ export class IptablesDataplane implements Dataplane {
     // KUBE-SERVICES, which every payload rewrites, so an address change takes effect at the next (even partial)
     // sync. With match-all nodePortAddresses nothing runs.
     await this.readNodePortIPs();
-    this.lastPayload = null; // let the previous payload buffer go before building the next one
-    const tGen = performance.now();
-    const built = this.build(snapshot, cfg, full, scan);
-    const payload = built.bytes;
-    const generateMs = performance.now() - tGen;
+    this.lastPayload = null;
 
+    // The payload is generated while iptables-restore reads it, one bounded chunk at a time: generation overlaps
+    // the kernel's parsing and no payload-sized buffer exists.
+    const plan = this.newPlan(snapshot, cfg, full, scan);
+    const gen = this.stream(snapshot, plan);
+    const genTime = { ms: 0 };
     const tApply = performance.now();
-    this.applying = true;
+    const args = ["--noflush", "--counters", "-w", "5", "-W", "100000"];
     let r;
+    this.streaming = true;
     try {
       r = await this.runner.tryRun({
         cmd: this.tools.restore,
-        args: ["--noflush", "--counters", "-w", "5", "-W", "100000"],
-        stdin: payload,
+        args,
+        stdin: timed(gen, genTime),
         captureStdout: false,
         timeoutMs: 600_000,
       });
+      // iptables-restore may have stopped reading early (it failed): finish the plan all the same.
+      const t = performance.now();
+      for (const _ of gen) { /* discard */ }
+      genTime.ms += performance.now() - t;
+    } catch (err) {
+      this.needFull = true;
+      throw err;
     } finally {
-      this.applying = false;
+      this.streaming = false;
     }
     const applyMs = performance.now() - tApply;
-    const last = new Payload(built.bytes, full, built.deleted, this.writer, built.generation);
+    const generateMs = genTime.ms;
+    const last = new Payload(plan, (p) => this.replay(p));
     this.lastPayload = last;
     if (r.code !== 0) {
       const n = failedLine(r.stderr);
@@ -424,35 +445,31 @@ export class IptablesDataplane implements Dataplane {
       iptablesRestoreFailuresTotal.inc({ ip_family: this.family });
       if (!full) iptablesPartialRestoreFailuresTotal.inc({ ip_family: this.family });
       this.needFull = true;
-      throw new CommandError(
-        { cmd: this.tools.restore, args: ["--noflush", "--counters", "-w", "5", "-W", "100000"] },
-        r.code,
-        r.stderr,
-      );
+      throw new CommandError({ cmd: this.tools.restore, args }, r.code, r.stderr);
     }
 
     // Success: remember what the kernel now has.
-    this.commit(built);
-    this.servicesChainHasRules = built.servicesChainHasRules;
+    this.commit(plan);
+    this.servicesChainHasRules = plan.servicesChainHasRules;
     this.needFull = false;
     this.everSynced = true;
     if (scan) await this.ensureKubeletJumps(scan);
-    iptablesRulesLastSync.set({ ip_family: this.family, table: "filter" }, built.filterRules);
-    iptablesRulesTotal.set({ ip_family: this.family, table: "filter" }, built.filterRules);
-    iptablesRulesLastSync.set({ ip_family: this.family, table: "nat" }, built.natRulesWritten);
-    iptablesRulesTotal.set({ ip_family: this.family, table: "nat" }, built.natRulesTotal);
+    iptablesRulesLastSync.set({ ip_family: this.family, table: "filter" }, plan.filterRules);
+    iptablesRulesTotal.set({ ip_family: this.family, table: "filter" }, plan.filterRules);
+    iptablesRulesLastSync.set({ ip_family: this.family, table: "nat" }, plan.natRulesWritten);
+    iptablesRulesTotal.set({ ip_family: this.family, table: "nat" }, plan.natRulesTotal);
     this.log.v(2).info("SyncProxyRules complete", {
       full,
-      bytes: payload.byteLength,
+      bytes: plan.bytes,
       generateMs: Math.round(generateMs * 10) / 10,
       applyMs: Math.round(applyMs),
-      deletedChains: built.deleted.length,
+      deletedChains: plan.deleted.length,
     });
-    return { full, payloadBytes: payload.byteLength, generateMs, applyMs };
+    return { full, payloadBytes: plan.bytes, generateMs, applyMs };
   }
 
-  private commit(built: Built): void {
-    for (const [name, chains] of built.appliedChanged) {
+  private commit(plan: Plan): void {
+    for (const [name, chains] of plan.appliedChanged) {
       if (chains === null) this.applied.delete(name);
       else this.applied.set(name, chains);
     }
@@ -464,31 +481,82 @@ export class IptablesDataplane implements Dataplane {
    */
   buildPayload(snapshot: ProxySnapshot, full: boolean): BuiltPayload {
     if (!this.cfg) throw new Error("buildPayload before the first sync");
-    const b = this.build(snapshot, this.cfg, full, null);
-    return new Payload(b.bytes, full, b.deleted, this.writer, b.generation);
+    if (this.streaming) throw new Error("buildPayload while a sync is streaming its payload");
+    const plan = this.newPlan(snapshot, this.cfg, full, null);
+    const bytes = collectChunks(this.stream(snapshot, plan));
+    const p = new Payload(plan, (q) => this.replay(q));
+    Object.defineProperty(p, "bytes", { value: bytes });
+    return p;
+  }
+
+  private newPlan(snapshot: ProxySnapshot, cfg: RenderConfig, full: boolean, scan: ScanResult | null): Plan {
+    // Static parts (chain lines first: a rule may only jump to a declared chain).
+    let head = "*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n" +
+      ":KUBE-NODEPORTS - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n";
+    const fHead = filterHeadRules(cfg);
+    if (fHead) head += ":KUBE-FIREWALL - [0:0]\n";
+    if (full) head += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
+    head += fHead;
+    const fTail = filterTailRules(cfg, this.conntrackLiberal);
+    let natHead =
+      "COMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n" +
+      ":KUBE-MARK-MASQ - [0:0]\n";
+    if (full) natHead += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
+    const nHead = natHeadRules(cfg, this.randomFully);
+    const tail = nodePortsTailRules(cfg, this.npa!.matchAll, this.nodePortIPs);
+    const countLines = (s: string) => {
+      let n = 0;
+      for (let i = s.indexOf("\n"); i >= 0; i = s.indexOf("\n", i + 1)) n++;
+      return n;
+    };
+    return {
+      full,
+      cfg,
+      changed: full ? null : snapshot.changedServices,
+      scan,
+      head,
+      fTail: fTail + (scan ? scan.missingJumps.filter : ""),
+      natHead,
+      nHead,
+      tail,
+      jn: scan ? scan.missingJumps.nat : "",
+      mangle: full ? `*mangle\n:${KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n` : "",
+      staticFilter: countLines(fHead) + countLines(fTail),
+      staticNat: countLines(nHead) + countLines(tail),
+      order: [],
+      written: [],
+      deleted: [],
+      appliedChanged: new Map(),
+      dispatch: "",
+      bytes: 0,
+      filterRules: 0,
+      natRulesWritten: 0,
+      natRulesTotal: 0,
+      servicesChainHasRules: false,
+    };
   }
 
   /**
-   * One pass over the snapshot (cache look-ups, counters, which ports' chains to write, chains to delete by
-   * comparing with what was written last), then the payload is assembled by copying cached bytes. Per-sync
-   * work for an unchanged port is a map look-up and an identity check; nothing is re-rendered, re-hashed or
-   * re-encoded, and the filter and dispatch sections are copied as one cached concatenation each.
+   * Plans and streams one payload. The first pass over the snapshot (cache look-ups, re-rendering changed
+   * ports, which ports' chains to write, chains to delete by comparing with what was written last) streams the
+   * filter section as it goes; then the nat table: declarations (from the blocks' chain names), the cached
+   * dispatch section, and the written ports' chain rules, rendered one port at a time into the stream.
+   * Per-sync work for an unchanged port is a map look-up and an identity check.
    */
-  private build(snapshot: ProxySnapshot, cfg: RenderConfig, full: boolean, scan: ScanResult | null): Built {
-    const changed = full ? null : snapshot.changedServices;
+  private *stream(snapshot: ProxySnapshot, p: Plan): Generator<Uint8Array, void, undefined> {
+    const cfg = p.cfg;
+    const changed = p.changed;
+    const full = p.full;
     const largeCluster = this.largeCluster;
     const blocks = this.blocks;
     const applied = this.applied;
-    const filterSec = this.filterSection, dispatchSec = this.dispatchSection;
-    filterSec.begin();
+    const dispatchSec = this.dispatchSection;
     dispatchSec.begin();
-    const written: ServicePortBlock[] = [];
-    let chainBytes = 0;
-    let filterRules = 0, dispatchRules = 0, chainRulesAll = 0, chainRulesWritten = 0;
-    const appliedChanged = new Map<string, readonly string[] | null>();
-    const deleted: string[] = [];
+    const w = new ChunkWriter(this.chunkBytes);
+    let filterRules = 0, dispatchRules = 0;
     let appliedSeen = 0;
 
+    yield* w.text(p.head);
     for (const [name, st] of snapshot.servicePorts) {
       let b = blocks.get(name);
       let rendered = false;
@@ -498,29 +566,27 @@ export class IptablesDataplane implements Dataplane {
           const nb = renderServicePort(st, cfg, largeCluster, b);
           if (b !== undefined) {
             // Keep the old dispatch/filter views when their bytes did not change (an endpoint change), so
-            // that the cached section concatenations stay valid.
-            if (sameBytes(b.dispatch, nb.dispatch)) nb.dispatch = b.dispatch;
-            if (sameBytes(b.filter, nb.filter)) nb.filter = b.filter;
+            // that the cached section concatenation stays valid.
+            if (b.dispatch === nb.dispatch) nb.dispatch = b.dispatch;
+            if (b.filter === nb.filter) nb.filter = b.filter;
           }
           b = nb;
           rendered = true;
           blocks.set(name, b);
         }
       }
-      filterSec.push(b.filter);
+      p.order.push(b);
+      yield* w.text(b.filter);
       dispatchSec.push(b.dispatch);
       filterRules += b.filterRuleCount;
       dispatchRules += b.dispatchRuleCount;
-      chainRulesAll += b.chainRuleCount;
       if (full || rendered || changed!.has(st.info.serviceKey)) {
-        written.push(b);
-        chainBytes += b.chainLines.length + b.chainRules.length;
-        chainRulesWritten += b.chainRuleCount;
+        p.written.push(b);
         const old = applied.get(name);
         if (old !== undefined) appliedSeen++;
         if (old !== b.chains) {
-          if (old !== undefined) removedChains(old, b.chains, deleted);
-          appliedChanged.set(name, b.chains);
+          if (old !== undefined) removedChainNames(old, b.chains, p.deleted);
+          p.appliedChanged.set(name, b.chains);
         }
       }
     }
@@ -533,94 +599,100 @@ export class IptablesDataplane implements Dataplane {
       }
       for (const [name, chains] of applied) {
         if (!snapshot.servicePorts.has(name)) {
-          deleted.push(...chains);
-          appliedChanged.set(name, null);
+          p.deleted.push(...chainNames(chains));
+          p.appliedChanged.set(name, null);
         }
       }
     }
-    if (scan) {
+    if (p.scan) {
       // Leftovers found by iptables-save (start, or after a failure): anything of ours not written now.
-      const active = new Set<string>(deleted);
-      for (const b of blocks.values()) for (const c of b.chains) active.add(c);
-      for (const c of scan.chains.nat) {
+      const active = new Set<string>(p.deleted);
+      for (const b of blocks.values()) for (const c of chainNames(b.chains)) active.add(c);
+      for (const c of p.scan.chains.nat) {
         if (!active.has(c) && isServiceChainName(c)) {
           active.add(c);
-          deleted.push(c);
+          p.deleted.push(c);
         }
       }
     }
+    p.dispatch = dispatchSec.text();
+    yield* this.emitNat(w, p);
 
-    // Assemble. Chain lines first (a rule may only jump to a declared chain), then rules.
-    let head = "*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n" +
-      ":KUBE-NODEPORTS - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n";
-    const fHead = filterHeadRules(cfg);
-    if (fHead) head += ":KUBE-FIREWALL - [0:0]\n";
-    if (full) head += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
-    head += fHead;
-    const fTail = filterTailRules(cfg, this.conntrackLiberal);
-    let natHead =
-      "COMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n" +
-      ":KUBE-MARK-MASQ - [0:0]\n";
-    if (full) natHead += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
-    let decl = "", del = "";
-    for (const c of deleted) {
-      decl += `:${c} - [0:0]\n`;
-      del += `-X ${c}\n`;
+    let chainRulesWritten = 0, chainRulesAll = 0;
+    for (const b of p.written) chainRulesWritten += b.chainRuleCount;
+    for (const b of p.order) {
+      if (b.chainRuleCount < 0) renderChainRules(b, cfg); // never written yet (not expected): count it
+      chainRulesAll += b.chainRuleCount;
     }
-    const nHead = natHeadRules(cfg, this.randomFully);
-    const tail = nodePortsTailRules(cfg, this.npa!.matchAll, this.nodePortIPs);
-    const mangle = full ? `*mangle\n:${KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n` : "";
-    const jf = scan ? scan.missingJumps.filter : "", jn = scan ? scan.missingJumps.nat : "";
-    // Static text is ASCII: string length = byte length, so the buffer is sized exactly up front.
-    const w = this.writer;
-    w.reset(
-      head.length + filterSec.size + fTail.length + jf.length + natHead.length + chainBytes + decl.length +
-        nHead.length + dispatchSec.size + tail.length + del.length + jn.length + 7 + mangle.length,
-      this.applying,
-    );
-    w.text(head);
-    filterSec.writeTo(w);
-    w.text(fTail);
-    w.text(jf);
-    w.text(natHead);
-    for (const b of written) w.bytes(b.chainLines);
-    w.text(decl);
-    w.text(nHead);
-    dispatchSec.writeTo(w);
-    for (const b of written) w.bytes(b.chainRules);
-    w.text(tail);
-    w.text(del);
-    w.text(jn);
-    w.text("COMMIT\n");
-    w.text(mangle);
+    p.bytes = w.total;
+    p.filterRules = p.staticFilter + filterRules;
+    p.natRulesWritten = p.staticNat + dispatchRules + chainRulesWritten;
+    p.natRulesTotal = p.staticNat + dispatchRules + chainRulesAll;
+    p.servicesChainHasRules = dispatchRules > 0 || p.tail.includes("-A KUBE-SERVICES ");
+  }
 
-    const countLines = (s: string) => {
-      let n = 0;
-      for (let i = s.indexOf("\n"); i >= 0; i = s.indexOf("\n", i + 1)) n++;
-      return n;
-    };
-    const staticFilter = countLines(fHead) + countLines(fTail);
-    const staticNat = countLines(nHead) + countLines(tail);
-    return {
-      bytes: w.result(),
-      generation: w.generation,
-      full,
-      deleted,
-      appliedChanged,
-      filterRules: staticFilter + filterRules,
-      natRulesWritten: staticNat + dispatchRules + chainRulesWritten,
-      natRulesTotal: staticNat + dispatchRules + chainRulesAll,
-      servicesChainHasRules: dispatchRules > 0 || tail.includes("-A KUBE-SERVICES "),
-    };
+  /** Everything after the filter section: the nat table and the mangle canary. */
+  private *emitNat(w: ChunkWriter, p: Plan): Generator<Uint8Array, void, undefined> {
+    yield* w.text(p.fTail);
+    yield* w.text(p.natHead);
+    for (const b of p.written) {
+      for (const c of chainNames(b.chains)) yield* w.text(`:${c} - [0:0]\n`);
+    }
+    for (const c of p.deleted) yield* w.text(`:${c} - [0:0]\n`);
+    yield* w.text(p.nHead);
+    yield* w.text(p.dispatch);
+    for (const b of p.written) yield* w.text(renderChainRules(b, p.cfg));
+    yield* w.text(p.tail);
+    for (const c of p.deleted) yield* w.text(`-X ${c}\n`);
+    yield* w.text(p.jn);
+    yield* w.text("COMMIT\n");
+    yield* w.text(p.mangle);
+    yield* w.end();
+  }
+
+  /** The same payload again from a finished plan (error context, `lastPayload`). */
+  private *replay(p: Plan): Generator<Uint8Array, void, undefined> {
+    const w = new ChunkWriter(this.chunkBytes);
+    yield* w.text(p.head);
+    for (const b of p.order) yield* w.text(b.filter);
+    yield* this.emitNat(w, p);
   }
 }
 
-interface Built {
-  bytes: Uint8Array;
-  generation: number;
+/** What one payload writes, decided while it streams; enough to render the same bytes again. */
+interface Plan {
   full: boolean;
+  cfg: RenderConfig;
+  /** Services whose ports' chains are written (null: every port's). */
+  changed: ReadonlySet<string> | null;
+  scan: ScanResult | null;
+  /** Filter table head: declarations and static rules. */
+  head: string;
+  /** Static filter rules after the per-port ones, and missing jumps. */
+  fTail: string;
+  /** `COMMIT`, nat table head declarations. */
+  natHead: string;
+  /** Static nat rules (KUBE-POSTROUTING, KUBE-MARK-MASQ). */
+  nHead: string;
+  /** The KUBE-SERVICES → KUBE-NODEPORTS rule(s). */
+  tail: string;
+  /** Missing nat jumps. */
+  jn: string;
+  mangle: string;
+  staticFilter: number;
+  staticNat: number;
+  /** Every port's block, in snapshot order. */
+  order: ServicePortBlock[];
+  /** Ports whose chains are written. */
+  written: ServicePortBlock[];
+  /** Chains deleted by this payload. */
   deleted: string[];
-  appliedChanged: Map<string, readonly string[] | null>;
+  /** Chains of each port as this payload leaves them (null: the port is gone). */
+  appliedChanged: Map<string, PortChains | null>;
+  /** The nat dispatch section. */
+  dispatch: string;
+  /** Payload size. */
+  bytes: number;
   filterRules: number;
   natRulesWritten: number;
   natRulesTotal: number;

@@ -1,20 +1,33 @@
 /**
  * iptables rule rendering, rule for rule as upstream's `syncProxyRules` (pkg/proxy/iptables/proxier.go).
  *
- * Each service port is rendered once into a {@linkcode ServicePortBlock} (filter rules, nat dispatch rules for
- * KUBE-SERVICES / KUBE-NODEPORTS, and its own SVC/SVL/EXT/FW/SEP chains), encoded to bytes once; the dataplane
- * caches blocks, only re-renders changed ports, and assembles payloads by copying cached bytes. Static chains and rules come from the helpers at the end of this file.
+ * Each service port is rendered into a {@linkcode ServicePortBlock} when it changes: its filter rules and nat
+ * dispatch rules for KUBE-SERVICES / KUBE-NODEPORTS, encoded to bytes once, and the names of its own
+ * SVC/SVL/EXT/FW/SEP chains. The rules of those chains are rendered by {@linkcode renderChainRules} each time the
+ * port is written (so the bulk of the payload is never kept in memory). Static chains and rules come from the
+ * helpers at the end of this file.
  * @module
  */
 
 import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
 import type { NoEndpointVerdict } from "../../proxy/service_plan.ts";
-import { endpointChainName, servicePortChains } from "./chain_names.ts";
+import {
+  CHAIN_EXT,
+  CHAIN_FW,
+  CHAIN_SVC,
+  CHAIN_SVL,
+  chainsOfHash,
+  endpointHash,
+  type PortChains,
+  sepName,
+  servicePortHash,
+} from "./chain_names.ts";
 import type { LocalTrafficDetector } from "./local_detector.ts";
 import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED } from "./nfacct.ts";
 import { cidrContains } from "../../net/ip.ts";
 import { isJumpLine, jumpArgs, type JumpRule } from "../iptables_jumps.ts";
 import { masqueradeMark } from "../masquerade.ts";
+import { flatString } from "../../flat_string.ts";
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
 export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;
@@ -66,26 +79,27 @@ export interface RenderConfig {
 }
 
 /**
- * One rendered service port, kept as bytes (encoded once when the port changes) so that a sync only copies
- * cached blocks into its payload buffer. Parts are views: `filter`/`dispatch` share one small buffer and
- * `chainLines`/`chainRules` another, so that an unchanged dispatch can be reused without pinning the chains.
+ * One rendered service port: its filter and nat dispatch rules (rendered once when the port changes, written on
+ * every sync) and the names of its own nat chains. The rules of those chains, the bulk of a payload,
+ * are not kept: {@linkcode renderChainRules} renders them when the port is written (on a change, and on full
+ * syncs), straight into the payload stream.
  */
 export interface ServicePortBlock {
   /** The state this block was rendered from (identity check for the cache). */
   state: ServicePortState;
   /** Filter rules (KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, KUBE-PROXY-FIREWALL, KUBE-NODEPORTS). */
-  filter: Uint8Array;
+  filter: string;
   /** nat rules in KUBE-SERVICES and KUBE-NODEPORTS (always written). */
-  dispatch: Uint8Array;
-  /** `:CHAIN - [0:0]` lines of the port's own nat chains. */
-  readonly chainLines: Uint8Array;
-  /** Rules of the port's own nat chains. */
-  readonly chainRules: Uint8Array;
-  /** Names of the port's own nat chains. */
-  readonly chains: readonly string[];
+  dispatch: string;
+  /**
+   * The port's own nat chains (compactly; `chainNames` lists them), in declaration order: EXT, FW, SVC, SVL
+   * (those it uses), then one SEP chain per `state.selection.allReachableEndpoints` entry, in that order.
+   */
+  readonly chains: PortChains;
   readonly filterRuleCount: number;
   readonly dispatchRuleCount: number;
-  readonly chainRuleCount: number;
+  /** Rules in the port's own chains; -1 until {@linkcode renderChainRules} ran for this block. */
+  chainRuleCount: number;
   /** Rendered with large-cluster mode (no comments). */
   readonly largeCluster: boolean;
   /** iTP=Local without local endpoints (DROP). */
@@ -94,77 +108,43 @@ export interface ServicePortBlock {
   readonly noLocalExternal: boolean;
 }
 
-const blockEncoder = new TextEncoder();
-
-/** Encodes `a + b` into one buffer and returns the two views (one allocation; ASCII fast path). */
-function encodePair(a: string, b: string): [Uint8Array, Uint8Array] {
-  const s = a + b;
-  const buf = new Uint8Array(s.length);
-  const r = blockEncoder.encodeInto(s, buf);
-  if (r.read === s.length && r.written === s.length) {
-    return [buf.subarray(0, a.length), buf.subarray(a.length)];
-  }
-  // Non-ASCII text (not produced by valid Kubernetes names, but stay correct).
-  const x = blockEncoder.encode(a), y = blockEncoder.encode(b);
-  const all = new Uint8Array(x.length + y.length);
-  all.set(x);
-  all.set(y, x.length);
-  return [all.subarray(0, x.length), all.subarray(x.length)];
-}
-
-/** True when two byte views hold the same bytes. */
-export function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
-  if (a === b) return true;
-  const n = a.length;
-  if (n !== b.length) return false;
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
-const textDecoder = new TextDecoder();
-
-/** The text of a block part (tests, debugging). */
-export function blockText(part: Uint8Array): string {
-  return textDecoder.decode(part);
-}
-
 function ipOnly(ep: EndpointInfo): string {
   return ep.ip;
 }
 
 /**
- * The KUBE-SEP chain names of a port's reachable endpoints, reusing the names of `prev` (the same port's
- * previous block, rendered with the same settings) for endpoints it already had, so that a re-render only
- * hashes new endpoints without a process-wide name cache. A block's SEP chains are its last chains, one per
- * `state.selection.allReachableEndpoints` entry in that (endpoint-sorted) order.
+ * The KUBE-SEP chain hashes of a port's reachable endpoints (in `eps` order, concatenated), reusing those of
+ * `prev` (the same port's previous block, rendered with the same settings) for endpoints it already had, so that
+ * a re-render only hashes new endpoints without a process-wide name cache.
  */
-function sepNames(
+function sepHashes(
   eps: readonly EndpointInfo[],
   name: string,
   proto: string,
   prev: ServicePortBlock | undefined,
-): Map<string, string> {
-  const out = new Map<string, string>();
+): string {
+  const out: string[] = new Array(eps.length);
   const old = prev !== undefined && prev.state.info.nameString === name &&
       prev.state.info.protocol.toLowerCase() === proto
     ? prev.state.selection.allReachableEndpoints
     : [];
-  const base = prev !== undefined ? prev.chains.length - old.length : 0;
+  const seps = prev?.chains.seps ?? "";
   let j = 0;
-  for (const ep of eps) {
-    const e = ep.endpoint;
+  for (let i = 0; i < eps.length; i++) {
+    const e = eps[i].endpoint;
     while (j < old.length && old[j].endpoint < e) j++;
-    out.set(
-      e,
-      j < old.length && old[j].endpoint === e ? prev!.chains[base + j] : endpointChainName(name, proto, e),
-    );
+    out[i] = j < old.length && old[j].endpoint === e
+      ? seps.substring(j << 4, (j + 1) << 4)
+      : endpointHash(name, proto, e);
   }
-  return out;
+  return out.join("");
 }
 
 /**
- * Renders one service port exactly as upstream's per-service loop body. `prev`, the port's previous block
- * rendered with the same settings, only lends its endpoint chain names.
+ * Renders one service port's filter and dispatch rules exactly as upstream's per-service loop body, and names
+ * its chains. `prev`, the port's previous block rendered with the same settings, only lends its endpoint chain
+ * names. (`cfg` shapes the chains' own rules, see {@linkcode renderChainRules}, and the localhost NodePort
+ * rule's nfacct counter; a block is always made for one configuration.)
  */
 export function renderServicePort(
   st: ServicePortState,
@@ -176,19 +156,18 @@ export function renderServicePort(
   const sel = st.selection;
   const proto = info.protocol.toLowerCase();
   const name = info.nameString;
-  const ch = servicePortChains(name, proto);
-  const seps = sepNames(sel.allReachableEndpoints, name, proto, prev);
+  const samePort = prev !== undefined && prev.state.info.nameString === name &&
+    prev.state.info.protocol === info.protocol;
+  const hash = samePort ? prev.chains.hash : servicePortHash(name, proto);
+  const ch = chainsOfHash(hash);
+  const seps = sepHashes(sel.allReachableEndpoints, name, proto, prev);
   const pp = `-m ${proto} -p ${proto}`;
   const port = String(info.port);
 
   const plan = st.plan;
-  const clusterEps = sel.clusterEndpoints ?? [];
-  const localEps = sel.localEndpoints ?? [];
-  const extLocal = plan.externalPolicyLocal;
   const hasEndpoints = plan.hasEndpoints;
   const internalChain = plan.internalUsesLocalChain ? ch.svl : ch.svc;
   const hasInternal = plan.hasInternalEndpoints;
-  const externalPolicyChain = plan.externalUsesLocalChain ? ch.svl : ch.svc;
   const hasExternal = plan.hasExternalEndpoints;
   const usesFW = plan.usesFirewallChain;
   const lbChain = usesFW ? ch.fw : ch.ext;
@@ -276,13 +255,51 @@ export function renderServicePort(
     nFilter++;
   }
 
-  // The port's own chains.
-  let lines = "", rules = "";
-  let nRules = 0;
-  const chains: string[] = [];
+  // The port's own chains (their rules are rendered by renderChainRules, when the port is written).
+  const kinds = (plan.usesExternalChain ? CHAIN_EXT : 0) | (usesFW ? CHAIN_FW : 0) |
+    (plan.usesClusterPolicyChain ? CHAIN_SVC : 0) | (plan.usesLocalPolicyChain ? CHAIN_SVL : 0);
+  const chains: PortChains = { hash, kinds, seps };
 
-  if (hasInternal) {
-    const args = `-m comment --comment "${name} cluster IP" ${pp} -d ${info.clusterIP} --dport ${port}`;
+  return {
+    state: st,
+    // Kept as long as the port is unchanged: flattened (a concatenation would keep every piece).
+    filter: flatString(filter),
+    dispatch: flatString(dispatch),
+    chains,
+    filterRuleCount: nFilter,
+    dispatchRuleCount: nDispatch,
+    chainRuleCount: -1,
+    largeCluster,
+    noLocalInternal,
+    noLocalExternal,
+  };
+}
+
+/**
+ * The rules of a port's own nat chains (the `:CHAIN` declarations are `block.chains`), exactly as upstream's
+ * per-service loop writes them; sets `block.chainRuleCount`. Depends only on the block (its state, chain names
+ * and large-cluster setting) and `cfg`, so rendering it again gives the same bytes.
+ */
+export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): string {
+  const st = block.state;
+  const info = st.info;
+  const sel = st.selection;
+  const plan = st.plan;
+  const proto = info.protocol.toLowerCase();
+  const name = info.nameString;
+  const ch = chainsOfHash(block.chains.hash);
+  const largeCluster = block.largeCluster;
+  const pp = `-m ${proto} -p ${proto}`;
+  const reachable = sel.allReachableEndpoints;
+  const extLocal = plan.externalPolicyLocal;
+  const internalChain = plan.internalUsesLocalChain ? ch.svl : ch.svc;
+  const externalPolicyChain = plan.externalUsesLocalChain ? ch.svl : ch.svc;
+  const hasExternal = plan.hasExternalEndpoints;
+  let rules = "";
+  let nRules = 0;
+
+  if (plan.hasInternalEndpoints) {
+    const args = `-m comment --comment "${name} cluster IP" ${pp} -d ${info.clusterIP} --dport ${info.port}`;
     if (cfg.masqueradeAll) {
       rules += `-A ${internalChain} ${args} -j KUBE-MARK-MASQ\n`;
       nRules++;
@@ -293,8 +310,6 @@ export function renderServicePort(
   }
 
   if (plan.usesExternalChain) {
-    lines += `:${ch.ext} - [0:0]\n`;
-    chains.push(ch.ext);
     if (!extLocal) {
       rules +=
         `-A ${ch.ext} -m comment --comment "masquerade traffic for ${name} external destinations" -j KUBE-MARK-MASQ\n`;
@@ -317,9 +332,7 @@ export function renderServicePort(
     }
   }
 
-  if (usesFW) {
-    lines += `:${ch.fw} - [0:0]\n`;
-    chains.push(ch.fw);
+  if (plan.usesFirewallChain) {
     const head = `-A ${ch.fw} -m comment --comment "${name} loadbalancer IP"`;
     let allowFromNode = false;
     for (const cidr of info.loadBalancerSourceRanges) {
@@ -338,12 +351,28 @@ export function renderServicePort(
     nRules++;
   }
 
+  // The SEP chain of an endpoint of a policy list (a sorted subset of the sorted reachable list).
+  const sepOf = (eps: readonly EndpointInfo[]): string[] => {
+    const out: string[] = new Array(eps.length);
+    let j = 0;
+    for (let i = 0; i < eps.length; i++) {
+      const e = eps[i];
+      while (j < reachable.length && reachable[j] !== e && reachable[j].endpoint < e.endpoint) j++;
+      if (j >= reachable.length || reachable[j].endpoint !== e.endpoint) {
+        throw new Error(`endpoint ${e.endpoint} of ${name} is not among its reachable endpoints`);
+      }
+      out[i] = sepName(block.chains, j);
+    }
+    return out;
+  };
+
   const affinity = info.stickyMaxAgeSeconds > 0;
   const writeLB = (chain: string, eps: readonly EndpointInfo[]) => {
+    const seps = sepOf(eps);
     if (affinity) {
-      for (const ep of eps) {
-        const sep = seps.get(ep.endpoint)!;
-        const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${ep.endpoint}"`;
+      for (let i = 0; i < eps.length; i++) {
+        const sep = seps[i];
+        const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${eps[i].endpoint}"`;
         rules +=
           `-A ${chain}${c} -m recent --name ${sep} --rcheck --seconds ${info.stickyMaxAgeSeconds} --reap -j ${sep}\n`;
         nRules++;
@@ -351,55 +380,29 @@ export function renderServicePort(
     }
     const n = eps.length;
     for (let i = 0; i < n; i++) {
-      const ep = eps[i];
-      const sep = seps.get(ep.endpoint)!;
-      const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${ep.endpoint}"`;
+      const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${eps[i].endpoint}"`;
       const p = i < n - 1 ? ` -m statistic --mode random --probability ${probability(n - i)}` : "";
-      rules += `-A ${chain}${c}${p} -j ${sep}\n`;
+      rules += `-A ${chain}${c}${p} -j ${seps[i]}\n`;
       nRules++;
     }
   };
 
-  if (plan.usesClusterPolicyChain) {
-    lines += `:${ch.svc} - [0:0]\n`;
-    chains.push(ch.svc);
-    writeLB(ch.svc, clusterEps);
-  }
-  if (plan.usesLocalPolicyChain) {
-    lines += `:${ch.svl} - [0:0]\n`;
-    chains.push(ch.svl);
-    writeLB(ch.svl, localEps);
-  }
+  if (plan.usesClusterPolicyChain) writeLB(ch.svc, sel.clusterEndpoints ?? []);
+  if (plan.usesLocalPolicyChain) writeLB(ch.svl, sel.localEndpoints ?? []);
 
   const sepComment = largeCluster ? "" : ` -m comment --comment ${name}`;
   const recent = affinity ? " -m recent --name " : "";
-  for (const ep of sel.allReachableEndpoints) {
-    const sep = seps.get(ep.endpoint)!;
-    lines += `:${sep} - [0:0]\n`;
-    chains.push(sep);
+  for (let i = 0; i < reachable.length; i++) {
+    const ep = reachable[i];
+    const sep = sepName(block.chains, i);
     rules += `-A ${sep}${sepComment} -s ${ipOnly(ep)} -j KUBE-MARK-MASQ\n`;
     rules += `-A ${sep}${sepComment}${
       affinity ? recent + sep + " --set" : ""
     } ${pp} -j DNAT --to-destination ${ep.endpoint}\n`;
     nRules += 2;
   }
-
-  const [filterBytes, dispatchBytes] = encodePair(filter, dispatch);
-  const [lineBytes, ruleBytes] = encodePair(lines, rules);
-  return {
-    state: st,
-    filter: filterBytes,
-    dispatch: dispatchBytes,
-    chainLines: lineBytes,
-    chainRules: ruleBytes,
-    chains,
-    filterRuleCount: nFilter,
-    dispatchRuleCount: nDispatch,
-    chainRuleCount: nRules,
-    largeCluster,
-    noLocalInternal,
-    noLocalExternal,
-  };
+  block.chainRuleCount = nRules;
+  return rules;
 }
 
 /** Static filter rules written before the per-service rules (the localnet block rule). */

@@ -1,13 +1,17 @@
 /**
- * The byte-block cache and payload buffer of IptablesDataplane: payloads assembled from cached blocks (and
- * cached filter/dispatch sections) equal a fresh render under churn, chain deletions keep a model of the
- * kernel's chains exact, and the reused payload buffer is never overwritten while iptables-restore reads it.
+ * The block cache and payload stream of IptablesDataplane: payloads assembled from cached blocks (and the
+ * cached dispatch section) equal a fresh render under churn, chain deletions keep a model of the kernel's
+ * chains exact, and the payload reaches iptables-restore in bounded chunks.
  */
 import assert from "node:assert/strict";
 import type { CommandResult, CommandRunner, CommandSpec } from "../../../lib/exec.ts";
 import { IptablesDataplane } from "../../../lib/dataplane/iptables/dataplane.ts";
 import { detectLocalByCIDR } from "../../../lib/dataplane/iptables/local_detector.ts";
-import { renderServicePort, type ServicePortBlock } from "../../../lib/dataplane/iptables/rules.ts";
+import {
+  renderChainRules,
+  renderServicePort,
+  type ServicePortBlock,
+} from "../../../lib/dataplane/iptables/rules.ts";
 import { configureLogging } from "../../../lib/log.ts";
 import type { ServicePortState } from "../../../lib/proxy/types.ts";
 import { type EpSpec, makeState, recorder, snapshot, type SvcSpec } from "../../../testkit/fixtures.ts";
@@ -145,32 +149,24 @@ Deno.test("cached byte blocks: payloads under churn equal a fresh render, and ch
   }
 });
 
-Deno.test("payload buffer: bytes are valid until the next build, a stale .text throws", async () => {
-  const dp = newDp();
-  await dp.sync(snapshot([]));
-  const a = makeState({ ns: "ns1", name: "a", clusterIP: "172.30.0.1" }, [{ ip: "10.0.0.1" }]);
-  const b = makeState({ ns: "ns1", name: "b", clusterIP: "172.30.0.2" }, [{ ip: "10.0.0.2" }]);
-  const p1 = dp.buildPayload(snapshot([a]), true);
-  const t1 = p1.text;
-  assert.equal(new TextDecoder().decode(p1.bytes), t1);
-  const p2 = dp.buildPayload(snapshot([a, b]), true);
-  assert.equal(p1.text, t1); // decoded before the next build: kept
-  const p3 = dp.buildPayload(snapshot([b]), true);
-  assert.ok(p3.text.includes("ns1/b:p80"));
-  assert.throws(() => p2.text, /reused by a later build/);
-});
-
-/** Holds every iptables-restore until released; records the stdin bytes it was handed. */
-class SlowRunner implements CommandRunner {
+/** Records the chunks iptables-restore was handed (copied as they arrive) and holds restores when asked. */
+class ChunkRunner implements CommandRunner {
   readonly inner = recorder();
-  stdin: Uint8Array[] = [];
+  chunks: number[][] = [];
   release: (() => void) | null = null;
   hold = false;
 
   async tryRun(spec: CommandSpec): Promise<CommandResult> {
-    if (spec.cmd === "iptables-restore" && spec.stdin instanceof Uint8Array) {
-      this.stdin.push(spec.stdin);
+    if (spec.cmd === "iptables-restore" && spec.stdin !== undefined && typeof spec.stdin !== "string") {
+      const sizes: number[] = [];
+      const parts: Uint8Array[] = [];
+      for (const c of spec.stdin instanceof Uint8Array ? [spec.stdin] : spec.stdin) {
+        sizes.push(c.length);
+        parts.push(c.slice());
+      }
+      this.chunks.push(sizes);
       if (this.hold) await new Promise<void>((res) => this.release = res);
+      return this.inner.tryRun({ ...spec, stdin: parts });
     }
     return this.inner.tryRun(spec);
   }
@@ -182,8 +178,33 @@ class SlowRunner implements CommandRunner {
   }
 }
 
-Deno.test("payload buffer: a build while iptables-restore still reads stdin does not touch its bytes", async () => {
-  const runner = new SlowRunner();
+Deno.test("payload stream: iptables-restore gets bounded chunks that add up to the payload", async () => {
+  const runner = new ChunkRunner();
+  const dp = new IptablesDataplane({
+    family: "IPv4",
+    runner,
+    localDetector: detectLocalByCIDR("10.0.0.0/8"),
+    conntrackTCPBeLiberal: false,
+    chunkBytes: 4096,
+  });
+  const r = rng(3);
+  const states = Array.from({ length: 120 }, (_, i) => svc(i + 1, r, 0).state);
+  const res = await dp.sync(snapshot(states));
+  const sizes = runner.chunks[0];
+  assert.ok(sizes.length > 5, `streamed in ${sizes.length} chunks`);
+  assert.ok(sizes.every((n) => n <= 4096), `chunks bounded: ${Math.max(...sizes)}`);
+  const text = restores(runner.inner)[0];
+  assert.equal(sizes.reduce((a, b) => a + b, 0), new TextEncoder().encode(text).length);
+  assert.equal(res.payloadBytes, new TextEncoder().encode(text).length);
+  assert.equal(dp.lastPayload!.text, text, "lastPayload renders the streamed bytes again");
+  const fresh = newDp();
+  await fresh.sync(snapshot([]));
+  const noJumps = (t: string) => t.split("\n").filter((l) => !l.startsWith("-I ")).join("\n");
+  assert.equal(noJumps(text), fresh.buildPayload(snapshot(states), true).text, "same as a one-piece build");
+});
+
+Deno.test("payload stream: no build while a sync streams; lastPayload stays the streamed payload", async () => {
+  const runner = new ChunkRunner();
   const dp = newDp(runner);
   const a = makeState({ ns: "ns1", name: "a", clusterIP: "172.30.0.1" }, [{ ip: "10.0.0.1" }]);
   const b = makeState({ ns: "ns1", name: "b", clusterIP: "172.30.0.2" }, [{ ip: "10.0.0.2" }]);
@@ -192,15 +213,15 @@ Deno.test("payload buffer: a build while iptables-restore still reads stdin does
   const pending = dp.sync(snapshot([a, b]));
   await new Promise((res) => setTimeout(res, 0));
   assert.ok(runner.release, "restore is in flight");
-  const inFlight = runner.stdin.at(-1)!;
-  const before = new TextDecoder().decode(inFlight);
-  assert.ok(before.includes("ns1/b:p80"));
-  const other = dp.buildPayload(snapshot([a]), true);
-  assert.ok(!other.text.includes("ns1/b:p80"));
-  assert.equal(new TextDecoder().decode(inFlight), before);
+  assert.throws(() => dp.buildPayload(snapshot([a]), true), /while a sync is streaming/);
+  await assert.rejects(dp.sync(snapshot([a])), /while another sync is streaming/);
   runner.release!();
   await pending;
-  assert.equal(restores(runner.inner).at(-1), before);
+  const streamed = restores(runner.inner).at(-1)!;
+  assert.ok(streamed.includes("ns1/b:p80"));
+  const later = dp.buildPayload(snapshot([a]), true);
+  assert.ok(!later.text.includes("ns1/b:p80"));
+  assert.equal(dp.lastPayload!.text, streamed, "a later build does not change the last sync's payload");
 });
 
 Deno.test("a port removed in a failed sync has its chains deleted by the next (full) sync", async () => {
@@ -255,8 +276,8 @@ Deno.test("renderServicePort with the previous block (endpoint chain names lent)
       const lent = renderServicePort(st, cfg, large, prev);
       const fresh = renderServicePort(st, cfg, large);
       assert.deepEqual(lent.chains, fresh.chains);
-      assert.deepEqual(lent.chainLines, fresh.chainLines);
-      assert.deepEqual(lent.chainRules, fresh.chainRules);
+      assert.equal(renderChainRules(lent, cfg), renderChainRules(fresh, cfg));
+      assert.equal(lent.chainRuleCount, fresh.chainRuleCount);
       assert.deepEqual(lent.dispatch, fresh.dispatch);
       prev = lent;
     }
