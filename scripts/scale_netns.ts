@@ -10,26 +10,13 @@
  *   keep a copy of the payload so the harness can find which restore carried which endpoint.
  * @module
  */
+import { runCommand } from "../testkit/command.ts";
 
 /** Runs a command; rejects with its stderr on a non-zero exit. */
 export async function sh(cmd: string, args: string[], stdin?: string): Promise<string> {
-  const child = new Deno.Command(cmd, {
-    args,
-    stdin: stdin === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  if (stdin !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(stdin));
-    await w.close();
-  }
-  const out = await child.output();
-  const text = new TextDecoder().decode(out.stdout);
-  if (!out.success) {
-    throw new Error(`${cmd} ${args.join(" ")}: exit ${out.code}: ${new TextDecoder().decode(out.stderr)}`);
-  }
-  return text;
+  const out = await runCommand(cmd, args, { stdin });
+  if (out.code !== 0) throw new Error(`${cmd} ${args.join(" ")}: exit ${out.code}: ${out.stderr}`);
+  return out.stdout;
 }
 
 let seq = 0;

@@ -12,6 +12,7 @@
  * @module
  */
 
+import { type CommandOutput, runCommand } from "./command.ts";
 import { PROJECT_ROOT } from "./agent_command.ts";
 
 /** The image's PATH, as distroless sets it. */
@@ -121,11 +122,7 @@ export function inRootCommand(root: string, argv: string[], opts: InRootOptions 
 }
 
 /** The outcome of {@linkcode runInRoot}. */
-export interface RootRunResult {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
+export type RootRunResult = CommandOutput;
 
 /** Runs `argv` inside `root` (in network namespace `netns` when given) and collects its output. */
 export async function runInRoot(
@@ -134,7 +131,7 @@ export async function runInRoot(
   opts: InRootOptions & { netns?: string; stdin?: string } = {},
 ): Promise<RootRunResult> {
   const [cmd, args] = inRootCommand(root, argv, opts);
-  return await runMaybeInNetns(cmd, args, opts.netns, opts.stdin);
+  return await runCommand(cmd, args, opts);
 }
 
 /** Runs `cmd args` on the host (in `netns` when given) with only PATH set, for comparison with the root. */
@@ -142,25 +139,7 @@ export async function runOnHost(
   argv: string[],
   opts: { netns?: string; stdin?: string } = {},
 ): Promise<RootRunResult> {
-  return await runMaybeInNetns("env", ["-i", `PATH=${IMAGE_PATH}`, ...argv], opts.netns, opts.stdin);
-}
-
-async function runMaybeInNetns(cmd: string, args: string[], netns?: string, stdin?: string) {
-  const full = netns ? ["netns", "exec", netns, cmd, ...args] : args;
-  const child = new Deno.Command(netns ? "ip" : cmd, {
-    args: full,
-    stdin: stdin === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  if (stdin !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(stdin));
-    await w.close();
-  }
-  const out = await child.output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+  return await runCommand("env", ["-i", `PATH=${IMAGE_PATH}`, ...argv], opts);
 }
 
 /** Options of {@linkcode assembleTestRoot}. */

@@ -10,7 +10,7 @@
  * @module
  */
 import type { ProxyOptions } from "../config/command.ts";
-import { type DetectLocalMode, type LocalTraffic, localTrafficFor } from "../dataplane/local_traffic.ts";
+import { configuredLocalTraffic, type LocalTraffic } from "../dataplane/local_traffic.ts";
 import { cidrContains, familyOf, type IPFamily, isLoopback, parseIP } from "../net/ip.ts";
 import type { Protocol } from "../proxy/types.ts";
 import type { FirstSync } from "./engine.ts";
@@ -132,14 +132,7 @@ export function explainPacket(packet: PacketSpec, sync: FirstSync, opts: ProxyOp
   }
   const nodeIPs = sync.nodeIPs.filter((ip) => familyOf(ip) === family);
   const src = packet.source ?? nodeIPs[0] ?? (family === "IPv6" ? "::1" : "127.0.0.1");
-  const localTraffic = localTrafficFor({
-    mode: opts.detectLocalMode as DetectLocalMode,
-    family,
-    clusterCIDRs: opts.clusterCIDRs,
-    podCIDRs: sync.podCIDRs,
-    bridgeInterface: opts.config.detectLocal.bridgeInterface,
-    interfaceNamePrefix: opts.config.detectLocal.interfaceNamePrefix,
-  });
+  const localTraffic = configuredLocalTraffic(opts, sync.podCIDRs, family);
   // Where it enters, when not said: a node address is the node; local traffic by the detector is a pod.
   let from = packet.from;
   let fromWhy = "";

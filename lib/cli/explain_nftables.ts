@@ -7,7 +7,7 @@
  */
 import { masqueradeMark } from "../dataplane/masquerade.ts";
 import { CHAIN, endpointNames, servicePortChainNames, SET } from "../dataplane/nftables/names.ts";
-import { nftFamily } from "../dataplane/nftables/rules.ts";
+import { ifNotLocal, nftFamily } from "../dataplane/nftables/rules.ts";
 import type { LocalTraffic } from "../dataplane/local_traffic.ts";
 import { cidrContains, isLoopback } from "../net/ip.ts";
 import { familyNodeIP, newNodePortAddresses } from "../net/node_addresses.ts";
@@ -24,19 +24,6 @@ import {
   type Step,
   uniform,
 } from "./explain_common.ts";
-
-function notLocalMatch(lt: LocalTraffic, ipX: string): string | null {
-  switch (lt.kind) {
-    case "none":
-      return null;
-    case "cidr":
-      return `${ipX} saddr != ${lt.cidr}`;
-    case "interface":
-      return `iifname != ${lt.name}`;
-    case "interfacePrefix":
-      return `iifname != ${lt.prefix}*`;
-  }
-}
 
 function localMatch(lt: LocalTraffic, ipX: string): string | null {
   switch (lt.kind) {
@@ -164,7 +151,7 @@ export function explainNftables(ctx: ExplainContext): ModeExplanation {
       chain,
     );
     let masq: { masqueraded: boolean; reason: string };
-    const notLocal = notLocalMatch(ctx.localTraffic, ipX);
+    const notLocal = ifNotLocal(ctx.localTraffic, ipX);
     if (o.masqueradeAll) {
       step(
         `${chain}: masqueradeAll is on: "${ipX} daddr ${info.clusterIP} jump ${CHAIN.markMasq}".`,

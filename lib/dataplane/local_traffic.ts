@@ -4,6 +4,7 @@
  * renders its own match from it (iptables `-s CIDR` / `-i IFACE`, nftables `ip saddr CIDR` / `iif`).
  * @module
  */
+import type { ProxyOptions } from "../config/command.ts";
 import type { IPFamily } from "../proxy/types.ts";
 
 /** The four `detectLocalMode` values. */
@@ -51,4 +52,20 @@ export function localTrafficFor(cfg: LocalTrafficConfig): LocalTraffic {
         ? { kind: "interfacePrefix", prefix: cfg.interfaceNamePrefix }
         : NO_LOCAL_TRAFFIC;
   }
+}
+
+/** {@linkcode localTrafficFor} as the agent's options configure it (`--detect-local-mode` and its inputs). */
+export function configuredLocalTraffic(
+  options: ProxyOptions,
+  podCIDRs: readonly string[],
+  family: IPFamily,
+): LocalTraffic {
+  return localTrafficFor({
+    mode: options.detectLocalMode as DetectLocalMode,
+    family,
+    clusterCIDRs: options.clusterCIDRs,
+    podCIDRs,
+    bridgeInterface: options.config.detectLocal.bridgeInterface,
+    interfaceNamePrefix: options.config.detectLocal.interfaceNamePrefix,
+  });
 }

@@ -6,6 +6,7 @@
  */
 
 import type { CommandRunner } from "../exec.ts";
+import type { Logger } from "../log.ts";
 import { cidrContains, type IPFamily, ipValue, isLoopback } from "./ip.ts";
 
 /** The parsed `nodePortAddresses` of one family. */
@@ -96,6 +97,34 @@ export function nodeIPsMatching(npa: NodePortAddresses, addrs: readonly string[]
     if (npa.cidrs.some((c) => cidrContains(c, ip))) out.push(ip);
   }
   return out;
+}
+
+/**
+ * The node IPs that accept NodePort traffic (upstream's proxier `GetNodeIPs` at every full sync): none listed
+ * when `nodePortAddresses` matches every address; else the local addresses (`given`, or read with `ip`) inside
+ * the CIDRs. A failed read is logged as upstream logs it and gives none.
+ */
+export async function nodePortIPs(
+  npa: NodePortAddresses,
+  runner: CommandRunner,
+  log: Logger,
+  given?: readonly string[],
+): Promise<string[]> {
+  if (npa.matchAll) return [];
+  let addrs = given;
+  if (!addrs) {
+    try {
+      addrs = await readLocalAddresses(runner, npa.family);
+    } catch (err) {
+      log.error(
+        "Failed to get node ip address matching nodeport cidrs, services with nodeport may not work as intended",
+        err,
+        { CIDRs: npa.cidrs },
+      );
+      addrs = [];
+    }
+  }
+  return nodeIPsMatching(npa, addrs);
 }
 
 /**

@@ -37,9 +37,8 @@ import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.t
 import {
   familyNodeIP,
   newNodePortAddresses,
-  nodeIPsMatching,
   type NodePortAddresses,
-  readLocalAddresses,
+  nodePortIPs,
 } from "../../net/node_addresses.ts";
 import {
   filterHeadRules,
@@ -297,25 +296,8 @@ export class IptablesDataplane implements Dataplane {
 
   /** Reads the node's addresses matching CIDR nodePortAddresses (nothing runs when they match all). */
   private async readNodePortIPs(): Promise<void> {
-    const npa = this.npa!;
-    if (npa.matchAll) {
-      this.nodePortIPs = [];
-      return;
-    }
-    let addrs = this.opts.nodeAddresses;
-    if (!addrs) {
-      try {
-        addrs = await readLocalAddresses(this.runner, this.family);
-      } catch (err) {
-        this.log.error(
-          "Failed to get node ip address matching nodeport cidrs, services with nodeport may not work as intended",
-          err,
-          { CIDRs: npa.cidrs },
-        );
-        addrs = [];
-      }
-    }
-    this.nodePortIPs = nodeIPsMatching(npa, addrs);
+    const ips = await nodePortIPs(this.npa!, this.runner, this.log, this.opts.nodeAddresses);
+    this.nodePortIPs = ips;
   }
 
   /** One iptables-save per table: existing chains (leftovers) and which jump rules are missing. */

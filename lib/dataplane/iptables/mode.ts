@@ -9,7 +9,7 @@ import type { Logger } from "../../log.ts";
 import type { Dataplane, IPFamily } from "../../proxy/types.ts";
 import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "../iptables_backend.ts";
 import { KUBELET_CHAINS, removeIptablesLeftovers } from "../iptables_leftovers.ts";
-import { type DetectLocalMode, localTrafficFor } from "../local_traffic.ts";
+import { configuredLocalTraffic } from "../local_traffic.ts";
 import {
   type CleanupReport,
   type DataplaneMode,
@@ -82,14 +82,7 @@ export function newIptablesMode(): DataplaneMode {
       const nfacct = new NfacctCounters(ctx.runner, ctx.logger);
       registerNfacctMetrics((counter) => nfacct.packets(counter));
       for (const family of families) {
-        const localTraffic = localTrafficFor({
-          mode: o.detectLocalMode as DetectLocalMode,
-          family,
-          clusterCIDRs: o.clusterCIDRs,
-          podCIDRs: ctx.podCIDRs,
-          bridgeInterface: cfg.detectLocal.bridgeInterface,
-          interfaceNamePrefix: cfg.detectLocal.interfaceNamePrefix,
-        });
+        const localTraffic = configuredLocalTraffic(o, ctx.podCIDRs, family);
         out.set(
           family,
           new IptablesDataplane({

@@ -13,7 +13,7 @@ import { ensureSysctl } from "../../sysctl.ts";
 import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "../iptables_backend.ts";
 import { removeIptablesLeftovers } from "../iptables_leftovers.ts";
 import { iptablesLocalMatch } from "../iptables_local_detector.ts";
-import { type DetectLocalMode, localTrafficFor } from "../local_traffic.ts";
+import { configuredLocalTraffic } from "../local_traffic.ts";
 import {
   type CleanupReport,
   type DataplaneMode,
@@ -220,14 +220,7 @@ export function newIpvsMode(modeOpts: IpvsModeOptions = {}): DataplaneMode {
       if (!cfg.ipvs.scheduler) ctx.logger.info("IPVS scheduler not specified, use rr by default");
       const out = new Map<IPFamily, Dataplane>();
       for (const family of families) {
-        const localTraffic = localTrafficFor({
-          mode: o.detectLocalMode as DetectLocalMode,
-          family,
-          clusterCIDRs: o.clusterCIDRs,
-          podCIDRs: ctx.podCIDRs,
-          bridgeInterface: cfg.detectLocal.bridgeInterface,
-          interfaceNamePrefix: cfg.detectLocal.interfaceNamePrefix,
-        });
+        const localTraffic = configuredLocalTraffic(o, ctx.podCIDRs, family);
         const dp = new IpvsDataplane({
           family,
           runner: ctx.runner,

@@ -23,9 +23,8 @@ import { isLoopback } from "../../net/ip.ts";
 import {
   familyNodeIP,
   newNodePortAddresses,
-  nodeIPsMatching,
   type NodePortAddresses,
-  readLocalAddresses,
+  nodePortIPs,
 } from "../../net/node_addresses.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, SyncResult } from "../../proxy/types.ts";
@@ -202,26 +201,9 @@ export class NftablesDataplane implements Dataplane {
   }
 
   private async readNodePortIPs(): Promise<void> {
-    const npa = this.npa!;
-    if (npa.matchAll) {
-      this.nodePortIPs = [];
-      return;
-    }
-    let addrs = this.opts.nodeAddresses;
-    if (!addrs) {
-      try {
-        addrs = await readLocalAddresses(this.runner, this.family);
-      } catch (err) {
-        this.log.error(
-          "Failed to get node ip address matching nodeport cidrs, services with nodeport may not work as intended",
-          err,
-          { CIDRs: npa.cidrs },
-        );
-        addrs = [];
-      }
-    }
+    const ips = await nodePortIPs(this.npa!, this.runner, this.log, this.opts.nodeAddresses);
     this.nodePortIPs = [];
-    for (const ip of nodeIPsMatching(npa, addrs)) {
+    for (const ip of ips) {
       if (isLoopback(ip)) {
         this.log.error(
           "--nodeport-addresses includes localhost but localhost NodePorts are not supported",

@@ -7,7 +7,7 @@
 import type { CommandRunner } from "../../exec.ts";
 import type { Logger } from "../../log.ts";
 import type { Dataplane, IPFamily } from "../../proxy/types.ts";
-import { type DetectLocalMode, localTrafficFor } from "../local_traffic.ts";
+import { configuredLocalTraffic } from "../local_traffic.ts";
 import { NftablesDataplane } from "./dataplane.ts";
 import {
   type CleanupReport,
@@ -102,14 +102,7 @@ export function newNftablesMode(host: NftablesHost = {}): DataplaneMode {
             runner: ctx.runner,
             masqueradeBit: o.masqueradeBit,
             masqueradeAll: o.masqueradeAll,
-            localTraffic: localTrafficFor({
-              mode: o.detectLocalMode as DetectLocalMode,
-              family,
-              clusterCIDRs: o.clusterCIDRs,
-              podCIDRs: ctx.podCIDRs,
-              bridgeInterface: cfg.detectLocal.bridgeInterface,
-              interfaceNamePrefix: cfg.detectLocal.interfaceNamePrefix,
-            }),
+            localTraffic: configuredLocalTraffic(o, ctx.podCIDRs, family),
             nodePortAddresses: o.nodePortAddresses,
             nodeIP: cfg.bindAddress,
             logger: ctx.logger,

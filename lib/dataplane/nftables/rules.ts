@@ -64,7 +64,8 @@ function ifLocal(lt: LocalTraffic, ipX: string): string | null {
   }
 }
 
-function ifNotLocal(lt: LocalTraffic, ipX: string): string | null {
+/** The nftables match for traffic that is not from local pods (null when local traffic is not detected). */
+export function ifNotLocal(lt: LocalTraffic, ipX: string): string | null {
   switch (lt.kind) {
     case "none":
       return null;
