@@ -310,3 +310,57 @@ Deno.test("a NodePort shared by two Services: the first one's chain gets it, the
   await sync(dp, [b, a], ["ns1/a"]);
   assert.ok(!kernel.last.some((l) => l.includes("service-nodeports")), kernel.last.join("\n"));
 });
+
+Deno.test("a sync a second after chains were emptied deletes them at the end of its own transaction, not in one of their own", async () => {
+  const { kernel, dp, advance } = setup();
+  const two = web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]);
+  await sync(dp, [two]);
+  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  const emptied = kernel.last.find((l) => /^flush chain \S+ \S+ endpoint-\S+__10\.1\.0\.2\/80$/.test(l))!
+    .split(" ")[4];
+  // Within the second: a sync does not delete it.
+  advance(500);
+  await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.9" }])], ["ns1/db"]);
+  assert.ok(!kernel.last.some((l) => l.startsWith("delete chain")));
+  advance(600);
+  const before = kernel.transactions.length;
+  await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.8" }])], ["ns1/db"]);
+  assert.equal(kernel.transactions.length, before + 1, "one transaction for the sync and the deletion");
+  assert.equal(kernel.last.at(-1), `delete chain ip kube-proxy ${emptied}`);
+  assert.ok(kernel.last.some((l) => l.includes("__10.1.0.8/80")), "the sync's own changes are in it");
+  // The poll deletes what went stale since (db's old endpoint), not the chain deleted already.
+  advance(2000);
+  assert.equal(await dp.needsFullSync(), false);
+  assert.equal(kernel.transactions.length, before + 2);
+  assert.deepEqual(kernel.last.map((l) => l.replace(/endpoint-\S+db\S+__10\.1\.0\.9\/80$/, "DB9")), [
+    "delete chain ip kube-proxy DB9",
+  ]);
+  assert.deepEqual(
+    normalizeNftTable(kernel.dump()),
+    await freshDump([web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.8" }])]),
+  );
+});
+
+Deno.test("an emptied chain used again before it is deleted is written, not deleted", async () => {
+  const { kernel, dp, advance } = setup();
+  const two = () => web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]);
+  await sync(dp, [two()]);
+  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  advance(1100);
+  await sync(dp, [two()], ["ns1/web"]);
+  assert.ok(!kernel.last.some((l) => l.startsWith("delete chain")), kernel.last.join("\n"));
+  assert.ok(kernel.last.some((l) => /^add rule ip kube-proxy endpoint-\S+__10\.1\.0\.2\/80 /.test(l)));
+  advance(2000);
+  const before = kernel.transactions.length;
+  assert.equal(await dp.needsFullSync(), false);
+  assert.equal(kernel.transactions.length, before, "the poll has nothing to delete");
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([two()]));
+  // A full sync after the chain went stale and due deletes it in the same transaction.
+  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  advance(1100);
+  await sync(dp, [web([{ ip: "10.1.0.1" }])]);
+  assert.ok(kernel.last[0].startsWith("add table"), "full");
+  assert.match(kernel.last.at(-1)!, /^delete chain ip kube-proxy endpoint-\S+__10\.1\.0\.2\/80$/);
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }])]));
+  assert.doesNotMatch(kernel.dump(), /10\.1\.0\.2/);
+});
