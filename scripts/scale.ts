@@ -123,7 +123,18 @@ export interface AgentRun {
   oursPartialGenerateMs: number[];
   /** This agent only: iptables calls other than the restore (and the per-syncPeriod poll) during its partial syncs. */
   oursCallsDuringPartial: string[];
+  /** 1-minute load average of the machine when the run started and when it ended. */
+  loadAvg: [number, number];
   errors: string[];
+}
+
+/** The machine's 1-minute load average. */
+function loadAverage(): number {
+  try {
+    return Number(Deno.readTextFileSync("/proc/loadavg").split(" ")[0]);
+  } catch {
+    return NaN;
+  }
 }
 
 /** Percentile (nearest rank) of an unsorted list; null when empty. */
@@ -191,6 +202,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
     oursFullGenerateMs: null,
     oursPartialGenerateMs: [],
     oursCallsDuringPartial: [],
+    loadAvg: [loadAverage(), NaN],
     errors: [],
   };
   const probe = kernelProbe(o.mode, o.backend);
@@ -484,6 +496,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
     }
   }
   if (!o.keep) await Deno.remove(workdir, { recursive: true }).catch(() => {});
+  res.loadAvg[1] = loadAverage();
   return res;
 }
 
@@ -569,7 +582,11 @@ export function figures(tool = "restore"): Figure[] {
     p("added Service: in kernel beyond minSync p99 ms", (r) => r.serviceOverheadInKernelMs, 99),
     p(`added Service: its ${tool} p50 ms`, (r) => r.serviceApplyMs, 50),
     p("added Service: other calls within beyond minSync p50 ms", (r) => r.serviceOtherCallsMs, 50),
-    { label: `${tool}s during churn (n)`, get: (r) => r.partialRestores.length, digits: 0 },
+    {
+      label: `${tool === "restore" ? "restores" : "nft -f transactions"} during churn (n)`,
+      get: (r) => r.partialRestores.length,
+      digits: 0,
+    },
     p(`${tool} during churn, median ms`, (r) => r.partialRestores.map((x) => x.ms), 50),
     p(`${tool} during churn, median KiB`, (r) => r.partialRestores.map((x) => x.bytes / 1024), 50),
   ];
@@ -614,7 +631,7 @@ export function sideBySide(o: ScaleOptions, runs: AgentRun[]): string {
       rs.map((r) =>
         `${r.endpointResolved}/${r.endpointEvents} updates, ${r.serviceResolved}/${r.serviceEvents} Services, ${r.programmed} programmed, ${r.restoreFailures} failed ${
           o.mode === "nftables" ? "transactions" : "restores"
-        }`
+        }, load ${f(r.loadAvg[0], 1)}-${f(r.loadAvg[1], 1)}`
       ).join("; ")
     }`;
   });
