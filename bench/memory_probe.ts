@@ -1,12 +1,15 @@
 /**
  * In-process heap composition at N Services × M endpoints (no kernel, no API server): raw objects as the
- * informer caches hold them, the Proxier's model and trackers, the iptables dataplane's block caches and
- * payload buffer, then partial syncs of one-endpoint changes.
- * Run: `deno run -A --v8-flags=--expose-gc bench/memory_probe.ts [services] [endpoints]`
+ * informer caches hold them, the Proxier's model and trackers, the iptables (or nftables) dataplane's caches and
+ * payload, then partial syncs of one-endpoint changes. The runner discards what it is given (a streamed payload
+ * is drained chunk by chunk, so that it is generated) and answers nft's listings with an empty table.
+ * Run: `deno run -A --v8-flags=--expose-gc bench/memory_probe.ts [services] [endpoints] [changed per sync]`;
+ * `MODE=nftables` for the nftables dataplane.
  */
 import type { CommandResult, CommandRunner, CommandSpec } from "../lib/exec.ts";
 import { getHeapStatistics as v8h } from "node:v8";
 import { IptablesDataplane } from "../lib/dataplane/iptables/dataplane.ts";
+import { NftablesDataplane } from "../lib/dataplane/nftables/dataplane.ts";
 import {
   type Informer,
   keepEndpointSliceIdentity,
@@ -54,9 +57,20 @@ function step(label: string): void {
   last = h;
 }
 
+const EMPTY_NFT_LIST = '{"nftables": [{"metainfo": {"json_schema_version": 1}}]}';
+
 class NullRunner implements CommandRunner {
-  tryRun(_spec: CommandSpec): Promise<CommandResult> {
-    return Promise.resolve({ code: 0, stdout: "", stderr: "" });
+  /** Bytes of stdin drained by the last call. */
+  lastStdin = 0;
+  tryRun(spec: CommandSpec): Promise<CommandResult> {
+    const s = spec.stdin;
+    if (s !== undefined && typeof s !== "string" && !(s instanceof Uint8Array)) {
+      let n = 0;
+      for (const chunk of s) n += chunk.length;
+      this.lastStdin = n;
+    } else if (s !== undefined) this.lastStdin = s.length;
+    const stdout = spec.cmd === "nft" && spec.args.includes("--json") ? EMPTY_NFT_LIST : "";
+    return Promise.resolve({ code: 0, stdout, stderr: "" });
   }
   run(spec: CommandSpec): Promise<CommandResult> {
     return this.tryRun(spec);
@@ -67,7 +81,7 @@ class NullRunner implements CommandRunner {
 class Timed implements Dataplane {
   readonly family = "IPv4" as const;
   waiter: ((r: SyncResult) => void) | null = null;
-  constructor(readonly inner: IptablesDataplane) {}
+  constructor(readonly inner: IptablesDataplane | NftablesDataplane) {}
   async sync(s: ProxySnapshot): Promise<SyncResult> {
     const r = Deno.env.get("NULL_DATAPLANE")
       ? { full: s.changedServices === null, payloadBytes: 0, generateMs: 0, applyMs: 0 }
@@ -128,9 +142,18 @@ function listInto(inf: ReturnType<typeof informers>): void {
 })();
 step("(caches dropped)");
 const { svcInf, epInf } = informers();
+const MODE = Deno.env.get("MODE") ?? "iptables";
 const dp = new Timed(
-  new IptablesDataplane({ family: "IPv4", runner: new NullRunner(), backend: "legacy", nodeAddresses: [] }),
+  MODE === "nftables"
+    ? new NftablesDataplane({ family: "IPv4", runner: new NullRunner(), nodeAddresses: [] })
+    : new IptablesDataplane({
+      family: "IPv4",
+      runner: new NullRunner(),
+      backend: "legacy",
+      nodeAddresses: [],
+    }),
 );
+console.log(`${MODE} dataplane`);
 const proxier = new Proxier({
   families: new Map([["IPv4", dp]]),
   nodeName: "node1",

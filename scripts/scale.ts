@@ -1,24 +1,30 @@
 /**
- * Scale harness (issues #6 and #13): the API server simulator with N Services × M endpoints and an agent in a
- * throwaway node namespace with real iptables (legacy or nft), churned at a fixed rate of EndpointSlice updates
- * and Service additions. Runs this agent and upstream kube-proxy on the same generated state in one invocation,
- * alternating, and reports each figure for both and their ratio.
+ * Scale harness (issues #6, #10 and #13): the API server simulator with N Services × M endpoints and an agent in
+ * a throwaway node namespace with real iptables (legacy or nft backend) or real nftables, churned at a fixed rate
+ * of EndpointSlice updates and Service additions. Runs this agent and upstream kube-proxy on the same generated
+ * state in one invocation, alternating, and reports each figure for both and their ratio.
  *
  * ```sh
  * deno run -A scripts/scale.ts --agents ours,upstream --runs 3 --services 10000 --endpoints 10 --backend legacy
+ * deno run -A scripts/scale.ts --agents ours,upstream --runs 3 --services 1000 --endpoints 10 --mode nftables
  * ```
  *
- * Every figure is measured from outside, the same way for both agents: iptables wrapper scripts first in the
- * agent's PATH log each invocation (ns timestamps, exit code) and keep each restore payload.
+ * Every figure is measured from outside, the same way for both agents: iptables (and in the nftables mode `nft`)
+ * wrapper scripts first in the agent's PATH log each invocation (ns timestamps, exit code) and keep each restore
+ * payload or `nft -f -` transaction. What a mode's payloads look like is in scale_probe.ts; "restore" below is an
+ * `nft -f -` transaction in the nftables mode.
  * - first full sync: agent spawn → exit of the first successful IPv4 restore that holds every Service's
- *   cluster-IP rule; and the bare `iptables-restore` time of that same payload into a fresh namespace;
+ *   cluster-IP rule (nftables: its `service-ips` element); and the bare `iptables-restore` (`nft -f`) time of that
+ *   same payload into a fresh namespace;
  * - RSS after settling (median over the last 2 s of `--settle` seconds after the first sync, default 40: V8 gives
  *   memory back about 30 s after a burst), during churn
  *   (median) and peak (VmHWM), from /proc; CPU seconds per second of churn (agent, and reaped children);
- * - event → kernel latency for endpoint changes (the restore that carries `--to-destination <new IP>:8080`) and
- *   for added Services (the restore that carries the new cluster IP's `-j KUBE-SVC-` rule): handed to the kernel
- *   (restore start), in the kernel (restore exit), and beyond minSyncPeriod
- *   (`start − max(event, previous restore end + minSyncPeriod)`, the agent's own share);
+ * - event → kernel latency for endpoint changes (the restore that carries `--to-destination <new IP>:8080`,
+ *   nftables `dnat to <new IP>:8080`) and for added Services (the restore that carries the new cluster IP's
+ *   `-j KUBE-SVC-` rule, nftables its `service-ips` element): handed to the kernel (restore start), in the kernel
+ *   (restore exit), and beyond minSyncPeriod (`start − max(event, previous restore end + minSyncPeriod)`, the
+ *   agent's own share; and the same up to the restore's exit, the agent's share plus the kernel tool's), with the
+ *   time other calls of the agent's (listings) took within that share;
  * - partial restores during churn (count, size, duration).
  * This agent also logs its generation time per sync (-v=2), reported as an extra.
  *
@@ -29,18 +35,10 @@
 import { SimulatorProcess } from "../testkit/apiserver_process.ts";
 import { usePrivateXtablesLock } from "../testkit/xtables_lock.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
-import {
-  clusterIPOf,
-  IpPool,
-  makeNode,
-  makeService,
-  makeSlice,
-  SCALE_NAMESPACE,
-  seededRandom,
-  TARGET_PORT,
-} from "./scale_objects.ts";
+import { IpPool, makeNode, makeService, makeSlice, seededRandom } from "./scale_objects.ts";
 import { type Call, NodeNamespace, parseCalls, sh, writeWrappers } from "./scale_netns.ts";
 import { agentCommand, type AgentName, type Backend, type ScaleMode } from "./scale_agents.ts";
+import { kernelProbe, type Prelude } from "./scale_probe.ts";
 
 /** Options of {@linkcode runScale}. */
 export interface ScaleOptions {
@@ -81,6 +79,9 @@ interface Ev {
   handed?: number;
   inKernel?: number;
   overhead?: number;
+  overheadInKernel?: number;
+  applyMs?: number;
+  otherCallsMs?: number;
 }
 
 /** What one run of one agent measured. */
@@ -106,6 +107,12 @@ export interface AgentRun {
   serviceResolved: number;
   serviceInKernelMs: number[];
   serviceOverheadMs: number[];
+  /** Added Services: event (or previous restore end + minSync) → exit of the restore carrying it. */
+  serviceOverheadInKernelMs: number[];
+  /** Added Services: duration of the restore (nft -f) carrying it. */
+  serviceApplyMs: number[];
+  /** Added Services: time of the agent's other calls (listings) within its share before the restore started. */
+  serviceOtherCallsMs: number[];
   /** Successful IPv4 restores that started during the churn: bytes and duration. */
   partialRestores: { bytes: number; ms: number }[];
   restoreFailures: number;
@@ -116,7 +123,18 @@ export interface AgentRun {
   oursPartialGenerateMs: number[];
   /** This agent only: iptables calls other than the restore (and the per-syncPeriod poll) during its partial syncs. */
   oursCallsDuringPartial: string[];
+  /** 1-minute load average of the machine when the run started and when it ended. */
+  loadAvg: [number, number];
   errors: string[];
+}
+
+/** The machine's 1-minute load average. */
+function loadAverage(): number {
+  try {
+    return Number(Deno.readTextFileSync("/proc/loadavg").split(" ")[0]);
+  } catch {
+    return NaN;
+  }
 }
 
 /** Percentile (nearest rank) of an unsorted list; null when empty. */
@@ -146,22 +164,6 @@ function readProc(
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const CLUSTER_IP_RULE = /^-A KUBE-SERVICES -m comment --comment "scale\/svc-\d+ cluster IP" /gm;
-
-/** Number of Services with a cluster-IP dispatch rule in a restore payload. */
-function servicesIn(text: string): number {
-  return text.match(CLUSTER_IP_RULE)?.length ?? 0;
-}
-
-/** Number of Services with a cluster-IP dispatch rule in an `iptables-save` (which reorders the matches). */
-function servicesSaved(text: string): number {
-  return text.match(/^-A KUBE-SERVICES .*--comment "scale\/svc-\d+ cluster IP"/gm)?.length ?? 0;
-}
-
-/** True for a successful IPv4 restore (any backend, either agent's program name). */
-function isV4Restore(c: Call): boolean {
-  return c.name.startsWith("iptables") && c.name.endsWith("-restore") && c.end !== null && c.rc === 0;
-}
 
 /** One run of one agent on a fresh namespace, simulator and copy of the generated state. */
 async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise<AgentRun> {
@@ -191,19 +193,24 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
     serviceResolved: 0,
     serviceInKernelMs: [],
     serviceOverheadMs: [],
+    serviceOverheadInKernelMs: [],
+    serviceApplyMs: [],
+    serviceOtherCallsMs: [],
     partialRestores: [],
     restoreFailures: 0,
     programmed: 0,
     oursFullGenerateMs: null,
     oursPartialGenerateMs: [],
     oursCallsDuringPartial: [],
+    loadAvg: [loadAverage(), NaN],
     errors: [],
   };
+  const probe = kernelProbe(o.mode, o.backend);
   let firstPayload: string | null = null;
-  let prelude: string[][] = [];
+  let prelude: Prelude | null = null;
   try {
     say(`namespace ${ns.name}, workdir ${workdir}`);
-    const wr = await writeWrappers(workdir, o.backend);
+    const wr = await writeWrappers(workdir, o.backend, { nft: o.mode === "nftables" });
 
     // 1. Simulator and objects (the same for every agent and run).
     sim = await SimulatorProcess.start({ netns: ns.name, watchCache: true });
@@ -293,22 +300,19 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
       const checked = new Set<string>();
       while (res.firstSyncS === null && Date.now() < deadline && !exited) {
         await sleep(250);
-        for (const c of parseCalls(await Deno.readTextFile(wr.log), wr.payloads)) {
-          if (!isV4Restore(c) || checked.has(c.file!)) continue;
-          checked.add(c.file!);
+        const calls = parseCalls(await Deno.readTextFile(wr.log), wr.payloads);
+        for (const c of calls) {
+          if (c.file === null || c.end === null || c.rc !== 0 || checked.has(c.file)) continue;
+          checked.add(c.file);
           const text = await payloadText(c);
-          if (servicesIn(text) >= o.services) {
+          if (probe.isV4Success(c, text) && probe.servicesIn(text) >= o.services) {
             res.firstSyncS = (c.end! - spawnedAt) / 1000;
             res.firstPayloadBytes = new TextEncoder().encode(text).length;
             firstPayload = `${workdir}/first-payload`;
             await Deno.copyFile(c.file!, firstPayload);
-            // What the agent set up with single calls before that restore (upstream creates chains and jumps
-            // one by one), replayed before the bare restore so that the payload applies the same way.
-            prelude = parseCalls(await Deno.readTextFile(wr.log), wr.payloads)
-              .filter((p) => p.start < c.start && p.rc === 0 && p.name.startsWith("iptables"))
-              .filter((p) => !p.name.endsWith("-save") && !p.name.endsWith("-restore"))
-              .filter((p) => p.argv.some((a) => a === "-N" || a === "-I" || a === "-A"))
-              .map((p) => p.argv);
+            // What the agent set up before that restore (upstream creates iptables chains and jumps one by one),
+            // replayed before the bare restore so that the payload applies the same way.
+            prelude = await probe.capturePrelude(calls, c, workdir);
             break;
           }
         }
@@ -324,7 +328,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
       // 4. Churn: endpoint replacements and added Services, the same sequence for every agent of a run.
       const rand = seededRandom(o.seed + run);
       const epEvents: (Ev & { ip: string; slot: string })[] = [];
-      const svcEvents: (Ev & { rule: string })[] = [];
+      const svcEvents: (Ev & { needle: string })[] = [];
       const total = Math.round(o.churn * o.duration);
       const adds = Math.round(o.serviceAdds * o.duration);
       const steps: ("ep" | "svc")[] = [];
@@ -351,12 +355,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
           ips[i] = Array.from({ length: o.endpoints }, () => pool.take());
           await sim.upsert(makeService(i));
           await sim.upsert(makeSlice(i, ips[i], null));
-          svcEvents.push({
-            t: Date.now(),
-            rule: `--comment "${SCALE_NAMESPACE}/svc-${i} cluster IP" -m tcp -p tcp -d ${
-              clusterIPOf(i)
-            } --dport 80 -j KUBE-SVC-`,
-          });
+          svcEvents.push({ t: Date.now(), needle: probe.serviceNeedle(i) });
         }
       }
       const churnEnd = Date.now();
@@ -372,33 +371,47 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
       const scanned = new Set<string>();
       const drainDeadline = Date.now() + Math.max(60_000, (o.timeout * 1000) / 4);
       const minSyncMs = o.minSync * 1000;
+      let calls: Call[] = [];
+      const housekeeping = new Set<string>();
       const settle = (e: Ev, c: Call, prevEnd: number) => {
+        const from = Math.max(e.t, prevEnd + minSyncMs);
         e.handed = c.start - e.t;
         e.inKernel = c.end! - e.t;
-        e.overhead = c.start - Math.max(e.t, prevEnd + minSyncMs);
+        e.overhead = c.start - from;
+        e.overheadInKernel = c.end! - from;
+        e.applyMs = c.end! - c.start;
+        // The agent's other calls (listing the table, deleting stale chains) within its own share.
+        e.otherCallsMs = 0;
+        for (const other of calls) {
+          if (other === c || other.end === null) continue;
+          e.otherCallsMs += Math.max(0, Math.min(other.end, c.start) - Math.max(other.start, from));
+        }
       };
       while (true) {
-        const calls = parseCalls(await Deno.readTextFile(wr.log), wr.payloads);
-        const restores = calls.filter((c) => c.file !== null && c.end !== null);
+        calls = parseCalls(await Deno.readTextFile(wr.log), wr.payloads);
+        const restores = calls.filter((c) => probe.isApply(c));
         for (const c of restores) {
           if (scanned.has(c.file!)) continue;
           scanned.add(c.file!);
           if (c.rc !== 0) res.restoreFailures++;
-          if (!isV4Restore(c) || c.start < churnStart - 1) {
+          const text = c.rc === 0 && (c.start >= churnStart - 1 || probe.isHousekeeping)
+            ? await payloadText(c)
+            : "";
+          if (probe.isHousekeeping?.(text)) housekeeping.add(c.file!);
+          if (!probe.isV4Success(c, text) || c.start < churnStart - 1 || housekeeping.has(c.file!)) {
             if (!o.keep && c.file !== null) await Deno.remove(c.file).catch(() => {});
             continue;
           }
-          const text = await payloadText(c);
           res.partialRestores.push({ bytes: text.length, ms: c.end! - c.start });
           const prevEnd = Math.max(
             -Infinity,
-            ...restores.filter((r) => r.end! <= c.start).map((r) => r.end!),
+            ...restores.filter((r) => r.end! <= c.start && !housekeeping.has(r.file!)).map((r) => r.end!),
           );
           // An endpoint event is resolved by this payload when it, or a later update of the same slot, is in it.
           const upto = new Map<string, number>();
           for (const e of epEvents) {
             if (e.handed !== undefined || e.t > c.start) continue;
-            if (text.includes(`--to-destination ${e.ip}:${TARGET_PORT}`)) upto.set(e.slot, e.t);
+            if (text.includes(probe.endpointNeedle(e.ip))) upto.set(e.slot, e.t);
           }
           for (const e of epEvents) {
             if (e.handed !== undefined || e.t > c.start) continue;
@@ -406,7 +419,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
             if (u !== undefined && e.t <= u) settle(e, c, prevEnd);
           }
           for (const e of svcEvents) {
-            if (e.handed === undefined && e.t <= c.start && text.includes(e.rule)) settle(e, c, prevEnd);
+            if (e.handed === undefined && e.t <= c.start && text.includes(e.needle)) settle(e, c, prevEnd);
           }
           if (!o.keep) await Deno.remove(c.file!).catch(() => {});
         }
@@ -427,14 +440,16 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
         serviceResolved: svcDone.length,
         serviceInKernelMs: svcDone.map((e) => e.inKernel!),
         serviceOverheadMs: svcDone.map((e) => e.overhead!),
+        serviceOverheadInKernelMs: svcDone.map((e) => e.overheadInKernel!),
+        serviceApplyMs: svcDone.map((e) => e.applyMs!),
+        serviceOtherCallsMs: svcDone.map((e) => e.otherCallsMs!),
       });
       say(
         `${epDone.length}/${epEvents.length} endpoint updates, ${svcDone.length}/${svcEvents.length} Services seen`,
       );
 
       // 6. Kernel state, this agent's own log.
-      const nat = await ns.exec(`iptables-${o.backend}-save`, ["-t", "nat"]);
-      res.programmed = servicesSaved(nat);
+      res.programmed = await probe.programmed(ns);
       res.hwmMiB = (readProc(pid)?.hwmKiB ?? 0) / 1024 || null;
       if (agent === "ours") {
         const full = oursSyncs.find((s) => s.full);
@@ -443,11 +458,8 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
           s.generateMs
         );
         const windows = oursProxierSyncs.filter((s) => !s.full).map((s) => [s.ts - s.elapsedMs, s.ts]);
-        // The per-syncPeriod poll (canary chain; KUBE-SERVICES in small clusters) runs on its own timer.
-        const isPoll = (c: Call) =>
-          c.args.includes("KUBE-PROXY-CANARY") || / -S KUBE-SERVICES\b/.test(c.args);
         res.oursCallsDuringPartial = parseCalls(await Deno.readTextFile(wr.log), wr.payloads)
-          .filter((c) => !c.name.endsWith("-restore") && !isPoll(c))
+          .filter((c) => c.file === null && !probe.isPoll(c))
           .filter((c) => windows.some(([a, b]) => c.start >= a && c.start <= b))
           .map((c) => `${c.name} ${c.args}`);
       }
@@ -472,21 +484,11 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
     await ns.destroy();
   }
   // 7. The kernel's own time for the same first payload, alone, into empty tables.
-  if (o.bareRestore && firstPayload !== null) {
+  if (o.bareRestore && firstPayload !== null && prelude !== null) {
     const bare = await NodeNamespace.create(o.backend);
     try {
-      for (const argv of prelude) await bare.exec(`iptables-${o.backend}`, argv).catch(() => "");
-      // nfacct counters a payload names (upstream creates them over netlink before its first restore).
-      const text = await Deno.readTextFile(firstPayload);
-      for (const name of new Set([...text.matchAll(/--nfacct-name (\S+)/g)].map((m) => m[1]))) {
-        await bare.exec("nfacct", ["add", name]).catch(() => "");
-      }
-      const t = performance.now();
-      await sh("sh", [
-        "-c",
-        `ip netns exec ${bare.name} iptables-${o.backend}-restore --noflush --counters -w 5 -W 100000 < ${firstPayload}`,
-      ]);
-      res.bareRestoreS = (performance.now() - t) / 1000;
+      say("bare apply of the first full payload");
+      res.bareRestoreS = await probe.bareApply(bare, firstPayload, prelude);
     } catch (err) {
       res.errors.push(`bare restore: ${err}`);
     } finally {
@@ -494,6 +496,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
     }
   }
   if (!o.keep) await Deno.remove(workdir, { recursive: true }).catch(() => {});
+  res.loadAvg[1] = loadAverage();
   return res;
 }
 
@@ -536,78 +539,61 @@ interface Figure {
   digits: number;
 }
 
-/** The figures of the side-by-side table. */
-export const FIGURES: Figure[] = [
-  { label: "first full sync s (spawn → every Service in the kernel)", get: (r) => r.firstSyncS, digits: 1 },
-  { label: "bare iptables-restore of that payload s", get: (r) => r.bareRestoreS, digits: 1 },
-  {
-    label: "first sync / bare restore",
-    get: (r) => r.firstSyncS !== null && r.bareRestoreS ? r.firstSyncS / r.bareRestoreS : null,
-    digits: 2,
-  },
-  {
-    label: "full payload MiB",
-    get: (r) => r.firstPayloadBytes === null ? null : r.firstPayloadBytes / 2 ** 20,
-    digits: 1,
-  },
-  { label: "RSS settled MiB", get: (r) => r.rssSettledMiB, digits: 0 },
-  { label: "RSS during churn MiB (median)", get: (r) => r.rssChurnMiB, digits: 0 },
-  { label: "RSS peak (VmHWM) MiB", get: (r) => r.hwmMiB, digits: 0 },
-  { label: "CPU s/s under churn, agent", get: (r) => r.cpuPerS, digits: 2 },
-  {
-    label: "CPU s/s under churn, reaped children (restores, wrappers)",
-    get: (r) => r.childCpuPerS,
-    digits: 2,
-  },
-  {
-    label: "endpoint change → in kernel p50 ms",
-    get: (r) => percentile(r.endpointInKernelMs, 50),
+/** The figures of the side-by-side table; `tool` names what applies a payload (`restore`, `nft -f`). */
+export function figures(tool = "restore"): Figure[] {
+  const bare = tool === "restore" ? "iptables-restore" : tool;
+  const p = (label: string, get: (r: AgentRun) => number[], q: number): Figure => ({
+    label,
+    get: (r) => percentile(get(r), q),
     digits: 0,
-  },
-  {
-    label: "endpoint change → in kernel p99 ms",
-    get: (r) => percentile(r.endpointInKernelMs, 99),
-    digits: 0,
-  },
-  {
-    label: "endpoint change → handed to kernel p50 ms",
-    get: (r) => percentile(r.endpointHandedMs, 50),
-    digits: 0,
-  },
-  {
-    label: "endpoint change → handed to kernel p99 ms",
-    get: (r) => percentile(r.endpointHandedMs, 99),
-    digits: 0,
-  },
-  {
-    label: "endpoint change: beyond minSync p50 ms",
-    get: (r) => percentile(r.endpointOverheadMs, 50),
-    digits: 0,
-  },
-  {
-    label: "endpoint change: beyond minSync p99 ms",
-    get: (r) => percentile(r.endpointOverheadMs, 99),
-    digits: 0,
-  },
-  { label: "added Service → in kernel p50 ms", get: (r) => percentile(r.serviceInKernelMs, 50), digits: 0 },
-  { label: "added Service → in kernel p99 ms", get: (r) => percentile(r.serviceInKernelMs, 99), digits: 0 },
-  {
-    label: "added Service: beyond minSync p99 ms",
-    get: (r) => percentile(r.serviceOverheadMs, 99),
-    digits: 0,
-  },
-  { label: "restores during churn (n)", get: (r) => r.partialRestores.length, digits: 0 },
-  {
-    label: "restore during churn, median ms",
-    get: (r) => percentile(r.partialRestores.map((p) => p.ms), 50),
-    digits: 0,
-  },
-  {
-    label: "restore during churn, median KiB",
-    get: (r) => percentile(r.partialRestores.map((p) => p.bytes / 1024), 50),
-    digits: 0,
-  },
-];
+  });
+  return [
+    { label: "first full sync s (spawn → every Service in the kernel)", get: (r) => r.firstSyncS, digits: 1 },
+    { label: `bare ${bare} of that payload s`, get: (r) => r.bareRestoreS, digits: 1 },
+    {
+      label: `first sync / bare ${tool === "restore" ? "restore" : tool}`,
+      get: (r) => r.firstSyncS !== null && r.bareRestoreS ? r.firstSyncS / r.bareRestoreS : null,
+      digits: 2,
+    },
+    {
+      label: "full payload MiB",
+      get: (r) => r.firstPayloadBytes === null ? null : r.firstPayloadBytes / 2 ** 20,
+      digits: 1,
+    },
+    { label: "RSS settled MiB", get: (r) => r.rssSettledMiB, digits: 0 },
+    { label: "RSS during churn MiB (median)", get: (r) => r.rssChurnMiB, digits: 0 },
+    { label: "RSS peak (VmHWM) MiB", get: (r) => r.hwmMiB, digits: 0 },
+    { label: "CPU s/s under churn, agent", get: (r) => r.cpuPerS, digits: 2 },
+    {
+      label: `CPU s/s under churn, reaped children (${tool === "restore" ? "restores" : "nft"}, wrappers)`,
+      get: (r) => r.childCpuPerS,
+      digits: 2,
+    },
+    p("endpoint change → in kernel p50 ms", (r) => r.endpointInKernelMs, 50),
+    p("endpoint change → in kernel p99 ms", (r) => r.endpointInKernelMs, 99),
+    p("endpoint change → handed to kernel p50 ms", (r) => r.endpointHandedMs, 50),
+    p("endpoint change → handed to kernel p99 ms", (r) => r.endpointHandedMs, 99),
+    p("endpoint change: beyond minSync p50 ms", (r) => r.endpointOverheadMs, 50),
+    p("endpoint change: beyond minSync p99 ms", (r) => r.endpointOverheadMs, 99),
+    p("added Service → in kernel p50 ms", (r) => r.serviceInKernelMs, 50),
+    p("added Service → in kernel p99 ms", (r) => r.serviceInKernelMs, 99),
+    p("added Service: beyond minSync p99 ms", (r) => r.serviceOverheadMs, 99),
+    p("added Service: in kernel beyond minSync p50 ms", (r) => r.serviceOverheadInKernelMs, 50),
+    p("added Service: in kernel beyond minSync p99 ms", (r) => r.serviceOverheadInKernelMs, 99),
+    p(`added Service: its ${tool} p50 ms`, (r) => r.serviceApplyMs, 50),
+    p("added Service: other calls within beyond minSync p50 ms", (r) => r.serviceOtherCallsMs, 50),
+    {
+      label: `${tool === "restore" ? "restores" : "nft -f transactions"} during churn (n)`,
+      get: (r) => r.partialRestores.length,
+      digits: 0,
+    },
+    p(`${tool} during churn, median ms`, (r) => r.partialRestores.map((x) => x.ms), 50),
+    p(`${tool} during churn, median KiB`, (r) => r.partialRestores.map((x) => x.bytes / 1024), 50),
+  ];
+}
+
+/** The figures of the iptables mode's table. */
+export const FIGURES: Figure[] = figures();
 
 /** Median, and [min-max] when there are several runs. */
 function summary(xs: number[], d: number): string {
@@ -619,12 +605,13 @@ function summary(xs: number[], d: number): string {
 /** The side-by-side markdown table: each figure's median [range] per agent and the ratio of the medians. */
 export function sideBySide(o: ScaleOptions, runs: AgentRun[]): string {
   const agents = o.agents;
-  const head = `| ${o.services} × ${o.endpoints}, ${o.mode} ${o.backend}, ${o.runs} run(s) | ${
-    agents.join(" | ")
-  } |${agents.length === 2 ? ` ${agents[0]} / ${agents[1]} |` : ""}`;
+  const setup = o.mode === "nftables" ? "nftables" : `${o.mode} ${o.backend}`;
+  const head = `| ${o.services} × ${o.endpoints}, ${setup}, ${o.runs} run(s) | ${agents.join(" | ")} |${
+    agents.length === 2 ? ` ${agents[0]} / ${agents[1]} |` : ""
+  }`;
   const sep = `|---|${agents.map(() => "---|").join("")}${agents.length === 2 ? "---|" : ""}`;
   const rows = [head, sep];
-  for (const fig of FIGURES) {
+  for (const fig of figures(kernelProbe(o.mode, o.backend).tool)) {
     const per = agents.map((a) =>
       runs.filter((r) => r.agent === a).map(fig.get).filter((v): v is number =>
         v !== null && Number.isFinite(v)
@@ -642,7 +629,9 @@ export function sideBySide(o: ScaleOptions, runs: AgentRun[]): string {
     const rs = runs.filter((r) => r.agent === a);
     return `${a}: ${
       rs.map((r) =>
-        `${r.endpointResolved}/${r.endpointEvents} updates, ${r.serviceResolved}/${r.serviceEvents} Services, ${r.programmed} programmed, ${r.restoreFailures} failed restores`
+        `${r.endpointResolved}/${r.endpointEvents} updates, ${r.serviceResolved}/${r.serviceEvents} Services, ${r.programmed} programmed, ${r.restoreFailures} failed ${
+          o.mode === "nftables" ? "transactions" : "restores"
+        }, load ${f(r.loadAvg[0], 1)}-${f(r.loadAvg[1], 1)}`
       ).join("; ")
     }`;
   });
@@ -696,7 +685,9 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
         break;
       case "mode": {
         const m = val();
-        if (m !== "iptables") throw new Error(`--mode: only iptables exists today, not ${m}`);
+        if (m !== "iptables" && m !== "nftables") {
+          throw new Error(`--mode must be iptables or nftables, not ${m}`);
+        }
         o.mode = m;
         break;
       }
@@ -730,7 +721,7 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
       default:
         throw new Error(
           `unknown flag ${args[i]}; flags: --agents ours,upstream --runs N --services N --endpoints M ` +
-            `--mode iptables --backend legacy|nft --churn R --service-adds R --duration S --min-sync S --settle S ` +
+            `--mode iptables|nftables --backend legacy|nft --churn R --service-adds R --duration S --min-sync S --settle S ` +
             `--timeout S --seed N --upstream-binary PATH --no-bare-restore --keep --quiet --json FILE`,
         );
     }
@@ -745,7 +736,7 @@ if (import.meta.main) {
   for (const r of runs) {
     if (r.errors.length) console.error(`${r.agent}#${r.run} errors:\n  ${r.errors.join("\n  ")}`);
     if (r.oursCallsDuringPartial.length) {
-      console.error(`${r.agent}#${r.run} iptables calls during partial syncs:`, r.oursCallsDuringPartial);
+      console.error(`${r.agent}#${r.run} other calls during partial syncs:`, r.oursCallsDuringPartial);
     }
   }
   console.log(sideBySide(o, runs));

@@ -4,16 +4,16 @@
  * Each gives the command line for a mode and backend; both run with the harness's iptables wrappers first in
  * PATH, so every kernel-side figure is measured the same way for both.
  *
- * Modes: iptables today (legacy and nft backends). nftables and ipvs slot in here (their flags) and in
- * scale.ts's kernel probe (what a change looks like in their payloads) when those modes land.
+ * Modes: iptables (legacy and nft backends) and nftables; what a change looks like in each mode's payloads is in
+ * scale_probe.ts. ipvs would slot in the same way.
  * @module
  */
 import { agentCommand as startCommand } from "../testkit/agent_command.ts";
 
 /** Agents the harness knows. */
 export type AgentName = "ours" | "upstream";
-/** Proxy modes the harness can drive (with a kernel probe in scale.ts). */
-export type ScaleMode = "iptables";
+/** Proxy modes the harness can drive (with a kernel probe in scale_probe.ts). */
+export type ScaleMode = "iptables" | "nftables";
 /** iptables backends. */
 export type Backend = "legacy" | "nft";
 
@@ -25,7 +25,7 @@ export interface AgentSetup {
   kubeconfig: string;
   nodeName: string;
   mode: ScaleMode;
-  /** --iptables-min-sync-period in seconds. */
+  /** --iptables-min-sync-period in seconds (the nftables mode's minSyncPeriod too, as upstream). */
   minSyncS: number;
   /** Metrics listen address inside the namespace. */
   metricsAddress: string;

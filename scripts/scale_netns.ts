@@ -5,9 +5,10 @@
  *   giving the node an IP, and the wanted iptables backend forced with a `KUBE-IPTABLES-HINT` chain in that
  *   backend's mangle table. `destroy()` kills what is left in the namespace (only processes this harness
  *   started run there) and deletes it. Nothing outside the namespace is touched.
- * - {@linkcode writeWrappers}: a directory of `iptables*` / `ip6tables*` wrapper scripts, put first in the
- *   agent's PATH, that log every invocation (ns timestamps, pid, args, exit code) and, for `*-restore`,
- *   keep a copy of the payload so the harness can find which restore carried which endpoint.
+ * - {@linkcode writeWrappers}: a directory of `iptables*` / `ip6tables*` (and, for the nftables mode, `nft`)
+ *   wrapper scripts, put first in the agent's PATH, that log every invocation (ns timestamps, pid, args, exit
+ *   code) and, for `*-restore` and `nft -f -` (not `--check`), keep a copy of the payload so the harness can
+ *   find which restore or transaction carried which endpoint.
  * @module
  */
 import { runCommand } from "../testkit/command.ts";
@@ -100,6 +101,13 @@ async function which(name: string): Promise<string | null> {
   }
 }
 
+/** True for an `nft` invocation that applies a transaction read from stdin (`-f -`, not `--check`). */
+export function isNftApply(name: string, argv: readonly string[]): boolean {
+  if (name !== "nft" || argv.includes("--check") || argv.includes("-c")) return false;
+  for (let i = 0; i + 1 < argv.length; i++) if (argv[i] === "-f" && argv[i + 1] === "-") return true;
+  return false;
+}
+
 /** Paths of the recorder. */
 export interface Wrappers {
   /** Directory to put first in PATH. */
@@ -113,9 +121,14 @@ export interface Wrappers {
 /**
  * Writes wrapper scripts for every iptables program found on this host into `dir`. With `backend`, the plain
  * names (`iptables`, `iptables-restore`, ...) run that backend's programs, as the iptables-wrapper of upstream's
- * kube-proxy image picks one; an agent that names the backend itself (this one) is unaffected.
+ * kube-proxy image picks one; an agent that names the backend itself (this one) is unaffected. With `nft`, an
+ * `nft` wrapper too, keeping the input of every `nft -f -` that is not a `--check`.
  */
-export async function writeWrappers(dir: string, backend?: "legacy" | "nft"): Promise<Wrappers> {
+export async function writeWrappers(
+  dir: string,
+  backend?: "legacy" | "nft",
+  opts: { nft?: boolean } = {},
+): Promise<Wrappers> {
   const w: Wrappers = { bin: `${dir}/bin`, log: `${dir}/calls.log`, payloads: `${dir}/payloads` };
   await Deno.mkdir(w.bin, { recursive: true });
   await Deno.mkdir(w.payloads, { recursive: true });
@@ -137,6 +150,31 @@ exit $rc
 `;
     await Deno.writeTextFile(`${w.bin}/${name}`, script, { mode: 0o755 });
   }
+  if (opts.nft) {
+    const real = await which("nft");
+    if (!real) throw new Error("nft not found");
+    // The same log lines; the input is kept for `-f -` unless `--check`/`-c` is among the arguments
+    // (the condition of isNftApply).
+    const script = `#!/bin/sh
+n=$(date +%s%N)
+echo "$n start $$ nft $(printf '%s\\037' "$@")" >> ${w.log}
+keep=0; check=0; prev=
+for a in "$@"; do
+  [ "$prev" = "-f" ] && [ "$a" = "-" ] && keep=1
+  case "$a" in --check|-c) check=1;; esac
+  prev=$a
+done
+if [ $keep = 1 ] && [ $check = 0 ]; then
+  tee "${w.payloads}/p-$n-$$" | ${real} "$@"
+else
+  ${real} "$@"
+fi
+rc=$?
+echo "$(date +%s%N) end $$ nft $rc" >> ${w.log}
+exit $rc
+`;
+    await Deno.writeTextFile(`${w.bin}/nft`, script, { mode: 0o755 });
+  }
   return w;
 }
 
@@ -152,7 +190,7 @@ export interface Call {
   start: number;
   end: number | null;
   rc: number | null;
-  /** Payload copy (restores only). */
+  /** Payload copy (restores and `nft -f -` only). */
   file: string | null;
 }
 
@@ -176,7 +214,7 @@ export function parseCalls(text: string, payloads: string): Call[] {
         start: ms,
         end: null,
         rc: null,
-        file: m[4].endsWith("-restore") ? `${payloads}/p-${m[1]}-${pid}` : null,
+        file: m[4].endsWith("-restore") || isNftApply(m[4], argv) ? `${payloads}/p-${m[1]}-${pid}` : null,
       };
       calls.push(c);
       open.set(pid, c);

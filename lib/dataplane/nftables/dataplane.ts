@@ -3,15 +3,22 @@
  * family (atomic), in the `ip kube-proxy` / `ip6 kube-proxy` table upstream v1.35 writes.
  *
  * - Full sync (start, after a failure, periodic, node IP or nodePortAddresses change): the fixed layout
- *   (`setupLines`), every service port's chains, affinity sets and elements; the shared maps and sets are
- *   flushed and refilled in the same transaction. The table's chains and sets are listed once (not on partial
- *   syncs) to find leftovers of an earlier run, and on the first sync endpoint chains that already exist are
- *   kept as they are (their content is fixed by their name), as upstream does to speed up restarts.
- * - Partial sync: only the changed Services. What the kernel holds is kept in memory, so the transaction
- *   holds only what differs: chains whose rules changed, added and removed affinity sets and map elements.
- *   The table is never listed.
+ *   (`setupOps`), every service port's chains, affinity sets and elements; the shared maps and sets are
+ *   flushed and refilled in the same transaction. The transaction is generated port by port while nft reads
+ *   it (`Nftables.runOperations`: bounded chunks, no transaction-sized text). The table's chains and sets are
+ *   listed once (not on partial syncs) to find leftovers of an earlier run; every existing generated chain is
+ *   emptied first, except that on the first sync endpoint chains that already exist are kept as they are
+ *   (their content is fixed by their name unless session affinity is involved), as upstream does to speed up
+ *   restarts.
+ * - Partial sync: only the changed Services. For each port the dataplane keeps only the state it last wrote
+ *   (the model's own object) and renders it again to see what the kernel holds, so the transaction holds only
+ *   what differs: chains whose rules changed, added and removed affinity sets and map elements. The elements of
+ *   the shared maps are kept with their owners. The table is never listed.
  * - Stale chains are flushed at once and deleted in a later transaction, at least a second later (kernels
- *   before 6.2 notice late that a chain is no longer referenced by a map element), as upstream.
+ *   before 6.2 notice late that a chain is no longer referenced by a map element), as upstream; unlike upstream,
+ *   which deletes them in a transaction of its own before the sync's, they go at the end of the next sync's own
+ *   transaction (or of the syncPeriod poll's): every nft run costs nft's fetch of the table's chains first
+ *   (~0.9 s at 10k Services × 10 endpoints with nft 1.0.6), so a sync runs nft once, not twice.
  * - A failed transaction logs nft's error with the failing input line, counts in
  *   `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`, rejects, and the next sync is full.
  * @module
@@ -27,14 +34,15 @@ import {
   nodePortIPs,
 } from "../../net/node_addresses.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";
-import type { Dataplane, IPFamily, ProxySnapshot, SyncResult } from "../../proxy/types.ts";
+import type { Dataplane, IPFamily, ProxySnapshot, ServicePortState, SyncResult } from "../../proxy/types.ts";
 import { type LocalTraffic, NO_LOCAL_TRAFFIC } from "../local_traffic.ts";
 import { masqueradeMark } from "../masquerade.ts";
 import { NftablesError } from "./errors.ts";
 import type { Nftables } from "./interface.ts";
 import { isAffinitySetName, isServiceChainName, TABLE } from "./names.ts";
 import { NftablesRunner } from "./nft_runner.ts";
-import type { Transaction } from "./transaction.ts";
+import { type NftObject, writeObject } from "./objects.ts";
+import type { Operation, Transaction } from "./transaction.ts";
 import {
   elementContainers,
   elementObject,
@@ -73,19 +81,8 @@ export interface NftablesDataplaneOptions {
   now?: () => number;
 }
 
-/** What one service port has in the kernel. */
-interface Written {
-  /** Chain name → its rules joined by "\n". */
-  chains: Map<string, string>;
-  affinitySets: Set<string>;
-  affinityTimeout: number;
-  /** `container key` → `value\tcomment` of the elements this port contributes. */
-  elements: Map<string, string>;
-}
-
-/** Sections of one transaction, written in this order. */
+/** Sections of a partial sync's transaction, written in this order. */
 class Tx {
-  setup: NftOp[] = [];
   flushes: NftOp[] = [];
   setDeletes: NftOp[] = [];
   setAdds: NftOp[] = [];
@@ -93,12 +90,12 @@ class Tx {
   rules: NftOp[] = [];
   elemDeletes: NftOp[] = [];
   elemAdds: NftOp[] = [];
+  chainDeletes: NftOp[] = [];
 
   /** The operations as one transaction. */
   build(nft: Nftables): Transaction {
     const tx = nft.newTransaction();
     const sections = [
-      this.setup,
       this.flushes,
       this.setDeletes,
       this.setAdds,
@@ -106,18 +103,40 @@ class Tx {
       this.rules,
       this.elemDeletes,
       this.elemAdds,
+      this.chainDeletes,
     ];
-    for (const section of sections) {
-      for (const [verb, obj] of section) {
-        if (verb === "flush") tx.flush(obj as Parameters<Transaction["flush"]>[0]);
-        else tx[verb](obj);
-      }
-    }
+    for (const section of sections) for (const [verb, obj] of section) tx.push({ verb, obj });
     return tx;
   }
 }
 
+/** A port's rendering as compared by a partial sync. */
+interface PortContent {
+  /** Chain name → its rules joined by "\n". */
+  chains: Map<string, string>;
+  affinitySets: Set<string>;
+  affinityTimeout: number;
+  /** `container key` → `value\tcomment` of the elements this port contributes (its first of each key). */
+  elements: Map<string, string>;
+}
+
+/**
+ * Owners of an element in the shared maps and sets: the one port that contributes it (the kernel then holds that
+ * port's value), or, when several do, each port's value in the order they came (the first one's is the kernel's).
+ */
+type Owners = string | Map<string, string>;
+
+/** What a full sync found and wrote, committed when nft succeeds. */
+interface FullResult {
+  owners: Map<string, Owners>;
+  kernel: Map<string, string>;
+  stale: string[];
+  /** Stale chains deleted by this transaction. */
+  deleted: string[];
+}
+
 const STALE_CHAIN_DELAY_MS = 1000;
+const ENDPOINT_PREFIX = "endpoint-";
 
 function elementKey(e: NftElement): string {
   return `${e.container} ${e.key}`;
@@ -125,6 +144,26 @@ function elementKey(e: NftElement): string {
 
 function elementValue(e: NftElement): string {
   return `${e.value ?? ""}\t${e.comment ?? ""}`;
+}
+
+function op(verb: Operation["verb"], obj: NftObject): Operation {
+  return { verb, obj };
+}
+
+/** Times the iteration of `gen` (the generation share of a streamed transaction). */
+function* timed<T>(gen: Iterable<T>, acc: { ms: number }): Generator<T, void, undefined> {
+  const it = gen[Symbol.iterator]();
+  try {
+    for (;;) {
+      const t = performance.now();
+      const r = it.next();
+      acc.ms += performance.now() - t;
+      if (r.done) return;
+      yield r.value;
+    }
+  } finally {
+    it.return?.();
+  }
 }
 
 /** nftables dataplane for one IP family. */
@@ -146,13 +185,14 @@ export class NftablesDataplane implements Dataplane {
   private everSynced = false;
   private baseChainsRecreated = false;
 
-  private readonly renders = new Map<string, NftPortRender>();
-  private written = new Map<string, Written>();
-  /** Every element in the kernel: `container key` → the owners' values by port (the first wins). */
-  private elementOwners = new Map<string, Map<string, string>>();
-  /** Element values in the kernel. */
+  /** The state each port in the kernel was rendered from (rendered again to know what the kernel holds). */
+  private written = new Map<string, ServicePortState>();
+  /** Owners of every element in the kernel, by `container key`. */
+  private elementOwners = new Map<string, Owners>();
+  /** Element values in the kernel (`value\tcomment`), by `container key`. */
   private kernelElements = new Map<string, string>();
-  private readonly staleChains = new Map<string, number>();
+  /** Emptied chains waiting for deletion, and since when. */
+  private staleChains = new Map<string, number>();
   /** The last transaction's text, kept only with the `keepLastTransaction` option (tests, render). */
   lastTransaction = "";
 
@@ -166,7 +206,6 @@ export class NftablesDataplane implements Dataplane {
     this.now = opts.now ?? (() => Date.now());
     this.mark = masqueradeMark(opts.masqueradeBit ?? 14);
   }
-
   /**
    * Polled every syncPeriod: deletes stale chains that are old enough, and tells whether a full sync is due
    * (the table vanished, or the addresses accepting NodePorts changed).
@@ -272,44 +311,51 @@ export class NftablesDataplane implements Dataplane {
     if (this.npa === null) {
       this.npa = newNodePortAddresses(this.family, this.opts.nodePortAddresses ?? [], snapshot.node.ips);
     }
-    await this.deleteStaleChains();
+    // Chains emptied at least a second ago: deleted at the end of this sync's transaction (unless it uses them
+    // again). Taken out of the waiting list now, so that the syncPeriod poll does not delete them too.
+    const cutoff = this.now() - STALE_CHAIN_DELAY_MS;
+    const due = new Set<string>();
+    for (const [chain, since] of this.staleChains) if (since <= cutoff) due.add(chain);
+    for (const chain of due) this.staleChains.delete(chain);
+    let deleted = 0;
 
     let full = this.needFull || snapshot.changedServices === null;
     const cfg = this.renderConfig(snapshot);
     if (this.cfg === null || this.cfg.nodeIP !== cfg.nodeIP) {
       // Every port renders differently now (the source-range self-allow depends on the node IP).
       this.cfg = cfg;
-      this.renders.clear();
       full = true;
     }
     // ServiceCIDRs and NodePort addresses live in the fixed part of the table, written by full syncs.
     if (snapshot.serviceCIDRs.join(",") !== this.serviceCIDRs.join(",")) full = true;
     this.serviceCIDRs = snapshot.serviceCIDRs;
 
-    const tGen = performance.now();
-    const tx = new Tx();
-    let existing: { chains: Set<string>; sets: Set<string> } | null = null;
-    if (full) {
-      await this.readNodePortIPs();
-      existing = await this.listObjects();
-      tx.setup = setupOps({
-        family: this.family,
-        mark: this.mark,
-        nodePortsMatchAll: this.npa.matchAll,
-        nodePortIPs: this.nodePortIPs,
-        serviceCIDRs: this.serviceCIDRs,
-        recreateBaseChains: !this.baseChainsRecreated,
-      });
-      for (const c of elementContainers(this.family)) tx.setup.push(["flush", c]);
-    }
-    const built = full ? this.buildFull(snapshot, tx, existing) : this.buildPartial(snapshot, tx);
-    const transaction = tx.build(this.nft);
-    const bytes = transaction.byteLength();
-    const generateMs = performance.now() - tGen;
-
+    const gen = { ms: 0 };
     const tApply = performance.now();
+    let bytes = 0;
+    let commit: () => void;
+    const lines: string[] | null = this.opts.keepLastTransaction ? [] : null;
     try {
-      await this.nft.run(transaction);
+      if (full) {
+        await this.readNodePortIPs();
+        const existing = await this.listObjects();
+        const out: FullResult = { owners: new Map(), kernel: new Map(), stale: [], deleted: [] };
+        let ops: Iterable<Operation> = timed(this.fullOps(snapshot, existing, due, out), gen);
+        if (lines !== null) ops = this.recorded(ops, lines);
+        bytes = await this.nft.runOperations(ops);
+        commit = () => this.commitFull(snapshot, out);
+        deleted = out.deleted.length;
+      } else {
+        const t = performance.now();
+        const tx = new Tx();
+        commit = this.buildPartial(snapshot, tx, due);
+        deleted = due.size;
+        const transaction = tx.build(this.nft);
+        bytes = transaction.byteLength();
+        gen.ms = performance.now() - t;
+        if (lines !== null) lines.push(...transaction.lines());
+        await this.nft.run(transaction);
+      }
     } catch (err) {
       const e = err as NftablesError;
       this.log.error("nftables sync failed", e.message, { line: e.line, rule: e.inputLine });
@@ -317,13 +363,15 @@ export class NftablesDataplane implements Dataplane {
       // The flushes of stale chains did not happen: the next full sync finds them again.
       this.staleChains.clear();
       this.needFull = true;
-      if (this.opts.keepLastTransaction) this.lastTransaction = transaction.toString();
+      if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
       throw err;
     }
     const applyMs = performance.now() - tApply;
+    const generateMs = gen.ms;
+    if (deleted > 0) this.log.info("Deleted stale nftables chains", { numChains: deleted });
     // A full sync's text is as big as the payload (50 MiB at 10k × 10): not kept unless asked for.
-    if (this.opts.keepLastTransaction) this.lastTransaction = transaction.toString();
-    built.commit();
+    if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
+    commit();
     if (full) this.baseChainsRecreated = true;
     this.needFull = false;
     this.everSynced = true;
@@ -336,19 +384,162 @@ export class NftablesDataplane implements Dataplane {
     return { full, payloadBytes: bytes, generateMs, applyMs };
   }
 
-  /** The cached render of a port, re-rendered when its state renders differently. */
-  private render(name: string, snapshot: ProxySnapshot): NftPortRender {
-    const st = snapshot.servicePorts.get(name)!;
-    let r = this.renders.get(name);
-    if (r !== undefined && r.state !== st) {
-      if (sameRenderedState(r.state, st)) r.state = st;
-      else r = undefined;
+  /** Passes the operations on, keeping each one's input line. */
+  private *recorded(ops: Iterable<Operation>, lines: string[]): Generator<Operation, void, undefined> {
+    for (const o of ops) {
+      lines.push(writeObject(o.verb, o.obj, this.fam, TABLE));
+      yield o;
     }
-    if (r === undefined) {
-      r = renderServicePort(st, this.cfg!);
-      this.renders.set(name, r);
+  }
+
+  private affinitySetOp(name: string, timeout: number): Operation {
+    const type = this.family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
+    return op("add", { kind: "set", name, type, flags: ["dynamic", "timeout"], timeout });
+  }
+
+  /** The content of a rendered port, as a partial sync compares it. */
+  private contentOf(r: NftPortRender): PortContent {
+    const chains = new Map<string, string>();
+    for (const [name, rules] of r.chains) chains.set(name, rules.join("\n"));
+    const elements = new Map<string, string>();
+    for (const e of r.elements) {
+      const k = elementKey(e);
+      if (!elements.has(k)) elements.set(k, elementValue(e));
     }
-    return r;
+    return { chains, affinitySets: new Set(r.affinitySets), affinityTimeout: r.affinityTimeout, elements };
+  }
+
+  /**
+   * The generated chains the kernel may hold when the table could not be listed: those waiting for deletion and
+   * those of ports whose state changed since they were written (a port whose state is the same has the same
+   * chains, which this sync writes again).
+   */
+  private knownChains(snapshot: ProxySnapshot, due: Set<string>): Set<string> {
+    const known = new Set<string>([...this.staleChains.keys(), ...due]);
+    for (const [name, old] of this.written) {
+      if (snapshot.servicePorts.get(name) === old) continue;
+      for (const c of renderServicePort(old, this.cfg!).chains.keys()) known.add(c);
+    }
+    return known;
+  }
+
+  /**
+   * The full sync's operations, port by port: the fixed layout and the emptied shared maps; every existing
+   * generated chain emptied (so that no rule uses an affinity set deleted below); for each port its affinity
+   * sets, its chains declared, then its rules (a port's rules only refer to its own chains and sets, and to fixed
+   * chains); then every element, and the chains and affinity sets nobody uses any more. Fills `out` as it goes.
+   */
+  private *fullOps(
+    snapshot: ProxySnapshot,
+    existing: { chains: Set<string>; sets: Set<string> } | null,
+    due: Set<string>,
+    out: FullResult,
+  ): Generator<Operation, void, undefined> {
+    const cfg = this.cfg!;
+    const setup = setupOps({
+      family: this.family,
+      mark: this.mark,
+      nodePortsMatchAll: this.npa!.matchAll,
+      nodePortIPs: this.nodePortIPs,
+      serviceCIDRs: this.serviceCIDRs,
+      recreateBaseChains: !this.baseChainsRecreated,
+    });
+    for (const [verb, obj] of setup) yield op(verb, obj);
+    for (const c of elementContainers(this.family)) yield op("flush", c);
+
+    // As upstream (epChainSkipUpdate), only the first sync keeps existing endpoint chains, whose rules follow from
+    // their name, and only without session affinity: no affinity set of theirs may exist.
+    const firstSync = !this.everSynced && existing !== null;
+    const mayKeep = (c: string) =>
+      firstSync && c.startsWith(ENDPOINT_PREFIX) &&
+      !existing!.sets.has(`affinity-${c.slice(ENDPOINT_PREFIX.length)}`);
+    // Generated chains that may be stale: what the kernel has (listed), else what this dataplane knows of.
+    // Each chain a port uses is taken out as the port is written; what remains at the end is stale.
+    const candidates = existing?.chains ?? this.knownChains(snapshot, due);
+    if (existing !== null) {
+      for (const c of existing.chains) {
+        if (isServiceChainName(c) && !mayKeep(c)) yield op("flush", { kind: "chain", name: c });
+      }
+    }
+
+    const activeSets = new Set<string>();
+    const { owners, kernel } = out;
+    const toWrite: string[] = [];
+    for (const [name, st] of snapshot.servicePorts) {
+      const r = renderServicePort(st, cfg);
+      for (const set of r.affinitySets) {
+        activeSets.add(set);
+        // An existing set may carry another timeout: re-create it (its chains were emptied above).
+        if (existing?.sets.has(set)) yield op("delete", { kind: "set", name: set });
+        yield this.affinitySetOp(set, r.affinityTimeout);
+      }
+      toWrite.length = 0;
+      for (const chain of r.chains.keys()) {
+        const existed = candidates.delete(chain);
+        if (existed && existing !== null && r.affinitySets.length === 0 && mayKeep(chain)) continue;
+        toWrite.push(chain);
+        yield op("add", { kind: "chain", name: chain });
+        yield op("flush", { kind: "chain", name: chain });
+      }
+      for (const chain of toWrite) {
+        for (const rule of r.chains.get(chain)!) yield op("add", ruleObject(chain, rule));
+      }
+      for (const e of r.elements) {
+        const ckey = elementKey(e);
+        const value = elementValue(e);
+        const o = owners.get(ckey);
+        if (o === undefined) {
+          owners.set(ckey, name);
+          kernel.set(ckey, value);
+        } else if (typeof o === "string") {
+          if (o !== name) owners.set(ckey, new Map([[o, kernel.get(ckey)!], [name, value]]));
+        } else if (!o.has(name)) o.set(name, value);
+      }
+    }
+    for (const [ckey, value] of kernel) yield this.elementOp("add", ckey, value);
+    // Leftovers: generated chains and affinity sets nobody uses now (an earlier run, or failed syncs).
+    for (const c of candidates) {
+      if (!isServiceChainName(c)) continue;
+      // Not emptied above (not listed, or an endpoint chain that might have been kept): emptied now.
+      if (existing === null || mayKeep(c)) {
+        yield op("add", { kind: "chain", name: c });
+        yield op("flush", { kind: "chain", name: c });
+      }
+      if (due.has(c)) {
+        yield op("delete", { kind: "chain", name: c });
+        out.deleted.push(c);
+      } else out.stale.push(c);
+    }
+    for (const s of existing?.sets ?? []) {
+      if (isAffinitySetName(s) && !activeSets.has(s)) yield op("delete", { kind: "set", name: s });
+    }
+  }
+
+  private commitFull(snapshot: ProxySnapshot, out: FullResult): void {
+    this.written = new Map(snapshot.servicePorts);
+    this.elementOwners = out.owners;
+    this.kernelElements = out.kernel;
+    const now = this.now();
+    const stale = new Map<string, number>();
+    for (const c of out.stale) stale.set(c, this.staleChains.get(c) ?? now);
+    this.staleChains = stale;
+  }
+
+  /** An element operation from its `container key` and `value\tcomment`. */
+  private elementOp(verb: "add" | "delete", ckey: string, value: string | null): Operation {
+    const sp = ckey.indexOf(" ");
+    if (value === null) return op(verb, elementObject(ckey.slice(0, sp), ckey.slice(sp + 1), null, null));
+    const tab = value.indexOf("\t");
+    const v = value.slice(0, tab), comment = value.slice(tab + 1);
+    return op(verb, elementObject(ckey.slice(0, sp), ckey.slice(sp + 1), v || null, comment || null));
+  }
+
+  /** The owners of an element as a map of port → value (a copy). */
+  private ownerMap(ckey: string): Map<string, string> {
+    const o = this.elementOwners.get(ckey);
+    if (o === undefined) return new Map();
+    if (typeof o === "string") return new Map([[o, this.kernelElements.get(ckey)!]]);
+    return new Map(o);
   }
 
   /** Empties a chain that is no longer used (created first, so that a chain missing already is no error). */
@@ -362,116 +553,18 @@ export class NftablesDataplane implements Dataplane {
     for (const rule of rules) tx.rules.push(["add", ruleObject(name, rule)]);
   }
 
-  private addSet(tx: Tx, name: string, timeout: number): void {
-    const type = this.family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
-    tx.setAdds.push(["add", { kind: "set", name, type, flags: ["dynamic", "timeout"], timeout }]);
-  }
-
-  private deleteSet(tx: Tx, name: string): void {
-    tx.setDeletes.push(["delete", { kind: "set", name }]);
-  }
-
-  private addElement(tx: Tx, ckey: string, value: string): void {
-    const sp = ckey.indexOf(" ");
-    const [v, comment] = value.split("\t");
-    tx.elemAdds.push([
-      "add",
-      elementObject(ckey.slice(0, sp), ckey.slice(sp + 1), v || null, comment || null),
-    ]);
-  }
-
-  private deleteElement(tx: Tx, ckey: string): void {
-    const sp = ckey.indexOf(" ");
-    tx.elemDeletes.push(["delete", elementObject(ckey.slice(0, sp), ckey.slice(sp + 1), null, null)]);
-  }
-
-  /** What a port has once this render is written. */
-  private writtenOf(r: NftPortRender): Written {
-    const chains = new Map<string, string>();
-    for (const [name, rules] of r.chains) chains.set(name, rules.join("\n"));
-    const elements = new Map<string, string>();
-    for (const e of r.elements) {
-      if (!elements.has(elementKey(e))) elements.set(elementKey(e), elementValue(e));
-    }
-    return { chains, affinitySets: new Set(r.affinitySets), affinityTimeout: r.affinityTimeout, elements };
-  }
-
-  private buildFull(
-    snapshot: ProxySnapshot,
-    tx: Tx,
-    existing: { chains: Set<string>; sets: Set<string> } | null,
-  ): { commit(): void } {
-    const written = new Map<string, Written>();
-    const owners = new Map<string, Map<string, string>>();
-    const activeChains = new Set<string>();
-    const activeSets = new Set<string>();
-    // As upstream, only the first sync keeps existing endpoint chains (their rules follow from their name).
-    const keepExisting = !this.everSynced && existing !== null;
-    for (const name of snapshot.servicePorts.keys()) {
-      const r = this.render(name, snapshot);
-      const w = this.writtenOf(r);
-      written.set(name, w);
-      for (const set of r.affinitySets) {
-        activeSets.add(set);
-        // An existing set may carry another timeout: re-create it (its referencing chains are rewritten below).
-        if (existing?.sets.has(set)) this.deleteSet(tx, set);
-        this.addSet(tx, set, r.affinityTimeout);
-      }
-      for (const [chain, rules] of r.chains) {
-        activeChains.add(chain);
-        if (
-          keepExisting && existing!.chains.has(chain) && chain.startsWith("endpoint-") &&
-          !r.affinitySets.some((s) => existing!.sets.has(s))
-        ) continue;
-        if (existing?.chains.has(chain)) tx.flushes.push(["flush", { kind: "chain", name: chain }]);
-        this.writeChain(tx, chain, rules);
-      }
-      for (const [ckey, value] of w.elements) addOwner(owners, ckey, name, value);
-    }
-    const kernel = new Map<string, string>();
-    for (const [ckey, byPort] of owners) {
-      const value = byPort.values().next().value!;
-      kernel.set(ckey, value);
-      this.addElement(tx, ckey, value);
-    }
-    // Leftovers: generated chains and affinity sets nobody owns now (an earlier run, or failed syncs).
-    const stale: string[] = [];
-    const known = new Set<string>([...this.staleChains.keys()]);
-    for (const w of this.written.values()) for (const c of w.chains.keys()) known.add(c);
-    for (const c of new Set([...(existing?.chains ?? []), ...known])) {
-      if (isServiceChainName(c) && !activeChains.has(c)) {
-        stale.push(c);
-        this.staleFlush(tx, c);
-      }
-    }
-    for (const s of existing?.sets ?? []) {
-      if (isAffinitySetName(s) && !activeSets.has(s)) this.deleteSet(tx, s);
-    }
-    return {
-      commit: () => {
-        this.written = written;
-        this.elementOwners = owners;
-        this.kernelElements = kernel;
-        const now = this.now();
-        for (const c of activeChains) this.staleChains.delete(c);
-        for (const c of stale) if (!this.staleChains.has(c)) this.staleChains.set(c, now);
-        for (const name of [...this.renders.keys()]) {
-          if (!snapshot.servicePorts.has(name)) this.renders.delete(name);
-        }
-      },
-    };
-  }
-
-  private buildPartial(snapshot: ProxySnapshot, tx: Tx): { commit(): void } {
+  private buildPartial(snapshot: ProxySnapshot, tx: Tx, due: Set<string>): () => void {
+    const cfg = this.cfg!;
     const changed = snapshot.changedServices!;
-    const updates = new Map<string, Written | null>();
+    const updates = new Map<string, ServicePortState | null>();
     const stale: string[] = [];
     const revived: string[] = [];
     const touched = new Set<string>();
     const ownerChanges: [ckey: string, port: string, value: string | null][] = [];
 
-    const diffPort = (name: string, old: Written | undefined, r: NftPortRender | null) => {
-      const neu = r === null ? null : this.writtenOf(r);
+    const diffPort = (name: string, oldR: NftPortRender | undefined, r: NftPortRender | null) => {
+      const old = oldR === undefined ? undefined : this.contentOf(oldR);
+      const neu = r === null ? null : this.contentOf(r);
       const recreateSets = old !== undefined && neu !== null && old.affinityTimeout !== neu.affinityTimeout &&
         old.affinitySets.size > 0 && neu.affinitySets.size > 0;
       // Chains.
@@ -481,7 +574,10 @@ export class NftablesDataplane implements Dataplane {
         // Emptied first: its old rules may reference an affinity set deleted before it is rewritten.
         if (before !== undefined) tx.flushes.push(["flush", { kind: "chain", name: chain }]);
         this.writeChain(tx, chain, r!.chains.get(chain)!);
-        if (this.staleChains.has(chain)) revived.push(chain);
+        if (this.staleChains.has(chain) || due.has(chain)) {
+          revived.push(chain);
+          due.delete(chain);
+        }
       }
       for (const chain of old?.chains.keys() ?? []) {
         if (neu?.chains.has(chain)) continue;
@@ -490,11 +586,14 @@ export class NftablesDataplane implements Dataplane {
       }
       // Affinity sets.
       for (const set of old?.affinitySets ?? []) {
-        if (recreateSets || !neu?.affinitySets.has(set)) this.deleteSet(tx, set);
+        if (recreateSets || !neu?.affinitySets.has(set)) {
+          tx.setDeletes.push(["delete", { kind: "set", name: set }]);
+        }
       }
       for (const set of neu?.affinitySets ?? []) {
         if (recreateSets || !old?.affinitySets.has(set)) {
-          this.addSet(tx, set, neu!.affinityTimeout);
+          const o = this.affinitySetOp(set, neu!.affinityTimeout);
+          tx.setAdds.push([o.verb as "add", o.obj]);
         }
       }
       // Elements: ownership changes, applied below once every port is known.
@@ -510,68 +609,69 @@ export class NftablesDataplane implements Dataplane {
           touched.add(ckey);
         }
       }
-      updates.set(name, neu);
     };
 
     for (const [name, st] of snapshot.servicePorts) {
       const old = this.written.get(name);
-      if (old !== undefined && !changed.has(st.info.serviceKey)) continue;
-      diffPort(name, old, this.render(name, snapshot));
+      if (old === st) continue;
+      if (old !== undefined && (!changed.has(st.info.serviceKey) || sameRenderedState(old, st))) {
+        // Renders as what the kernel has (an unchanged Service's state is the same by contract): keep the new
+        // object, so that the old one can go.
+        if (sameRenderedState(old, st)) updates.set(name, st);
+        continue;
+      }
+      diffPort(name, old === undefined ? undefined : renderServicePort(old, cfg), renderServicePort(st, cfg));
+      updates.set(name, st);
     }
     for (const [name, old] of this.written) {
-      if (!snapshot.servicePorts.has(name)) diffPort(name, old, null);
+      if (snapshot.servicePorts.has(name)) continue;
+      diffPort(name, renderServicePort(old, cfg), null);
+      updates.set(name, null);
     }
 
     // Elements: the first remaining owner's value wins; a key nobody owns any more is deleted.
-    const owners = this.elementOwners;
     const newOwners = new Map<string, Map<string, string>>();
-    const ownersOf = (ckey: string) => {
-      let m = newOwners.get(ckey);
-      if (m === undefined) newOwners.set(ckey, m = new Map(owners.get(ckey) ?? []));
-      return m;
-    };
     for (const [ckey, port, value] of ownerChanges) {
-      const m = ownersOf(ckey);
+      let m = newOwners.get(ckey);
+      if (m === undefined) newOwners.set(ckey, m = this.ownerMap(ckey));
       if (value === null) m.delete(port);
       else m.set(port, value);
     }
+    for (const chain of due) tx.chainDeletes.push(["delete", { kind: "chain", name: chain }]);
     const kernelChanges = new Map<string, string | null>();
     for (const ckey of touched) {
       const m = newOwners.get(ckey)!;
       const want = m.size > 0 ? m.values().next().value! : null;
       const have = this.kernelElements.get(ckey) ?? null;
       if (want === have) continue;
-      if (have !== null) this.deleteElement(tx, ckey);
-      if (want !== null) this.addElement(tx, ckey, want);
+      if (have !== null) {
+        const o = this.elementOp("delete", ckey, null);
+        tx.elemDeletes.push([o.verb as "delete", o.obj]);
+      }
+      if (want !== null) {
+        const o = this.elementOp("add", ckey, want);
+        tx.elemAdds.push([o.verb as "add", o.obj]);
+      }
       kernelChanges.set(ckey, want);
     }
 
-    return {
-      commit: () => {
-        for (const [name, w] of updates) {
-          if (w === null) {
-            this.written.delete(name);
-            this.renders.delete(name);
-          } else this.written.set(name, w);
-        }
-        for (const [ckey, m] of newOwners) {
-          if (m.size === 0) owners.delete(ckey);
-          else owners.set(ckey, m);
-        }
-        for (const [ckey, v] of kernelChanges) {
-          if (v === null) this.kernelElements.delete(ckey);
-          else this.kernelElements.set(ckey, v);
-        }
-        const now = this.now();
-        for (const c of revived) this.staleChains.delete(c);
-        for (const c of stale) this.staleChains.set(c, now);
-      },
+    return () => {
+      for (const [name, st] of updates) {
+        if (st === null) this.written.delete(name);
+        else this.written.set(name, st);
+      }
+      for (const [ckey, m] of newOwners) {
+        if (m.size === 0) this.elementOwners.delete(ckey);
+        else if (m.size === 1) this.elementOwners.set(ckey, m.keys().next().value!);
+        else this.elementOwners.set(ckey, m);
+      }
+      for (const [ckey, v] of kernelChanges) {
+        if (v === null) this.kernelElements.delete(ckey);
+        else this.kernelElements.set(ckey, v);
+      }
+      const now = this.now();
+      for (const c of revived) this.staleChains.delete(c);
+      for (const c of stale) this.staleChains.set(c, now);
     };
   }
-}
-
-function addOwner(owners: Map<string, Map<string, string>>, ckey: string, port: string, value: string): void {
-  let m = owners.get(ckey);
-  if (m === undefined) owners.set(ckey, m = new Map());
-  m.set(port, value);
 }

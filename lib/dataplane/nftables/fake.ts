@@ -57,7 +57,7 @@ import {
   type TableFlag,
 } from "./objects.ts";
 import { canonicalRule, ruleReferences, type RuleRefs } from "./rule_text.ts";
-import { Transaction } from "./transaction.ts";
+import { type Operation, Transaction } from "./transaction.ts";
 
 /** A rule of a fake chain. */
 export interface FakeRule {
@@ -349,6 +349,17 @@ export class FakeNftables implements Nftables {
   /** A new transaction for the default table. */
   newTransaction(): Transaction {
     return new Transaction(this.family, this.table);
+  }
+
+  /**
+   * Applies the operations as one transaction of the default table through run() (so a subclass that
+   * records run() sees it); the input's size in bytes.
+   */
+  async runOperations(ops: Iterable<Operation>): Promise<number> {
+    const tx = this.newTransaction();
+    for (const op of ops) tx.push(op);
+    await this.run(tx);
+    return tx.byteLength();
   }
 
   /** Applies tx to its own table (any family/name), all or nothing. */

@@ -4,7 +4,7 @@
  * @module
  */
 import type { Element, Family } from "./objects.ts";
-import type { Transaction } from "./transaction.ts";
+import type { Operation, Transaction } from "./transaction.ts";
 
 /** Object types whose names can be listed. */
 export type ListableType = "chain" | "set" | "map" | "counter";
@@ -20,6 +20,15 @@ export interface Nftables {
    * @throws {NftablesError} when it is invalid or the kernel rejects it (nothing is changed then)
    */
   run(tx: Transaction): Promise<void>;
+  /**
+   * Applies the operations as one transaction, produced while it is sent (`nft -f -` reads them as they are
+   * written: no transaction-sized text or buffer). Each operation is checked as the transaction checks it; an
+   * invalid one, or an exception of the producer, stops the run before anything is applied.
+   * @returns the input's size in bytes
+   * @throws {NftablesError} when an operation is invalid or the kernel rejects the transaction (nothing is
+   * changed then); an exception of the producer as it is
+   */
+  runOperations(ops: Iterable<Operation>): Promise<number>;
   /**
    * Checks the transaction without applying it (`nft --check`).
    * @throws {NftablesError} as run() would

@@ -1,15 +1,17 @@
 /**
  * The real {@linkcode Nftables}: each transaction is one `nft -f -` run through the project's
  * {@linkcode CommandRunner}; a failure is reported with the failing input line and classified
- * (ENOENT/EEXIST/EBUSY) from nft's message. Listing uses `nft --json --terse list table`, which skips set
- * elements, for the startup and cleanup needs of the agent.
+ * (ENOENT/EEXIST/EBUSY) from nft's message. A streamed transaction (`runOperations`) is written to nft's stdin
+ * a bounded chunk at a time as its operations are produced. Listing uses `nft --json --terse list table`, which
+ * skips set elements, for the startup and cleanup needs of the agent.
  * @module
  */
-import type { CommandRunner } from "../../exec.ts";
+import { CommandError, type CommandRunner } from "../../exec.ts";
+import { ChunkWriter } from "../payload.ts";
 import { classifyMessage, NftablesError, parseNftErrors } from "./errors.ts";
 import type { ListableType, Nftables } from "./interface.ts";
-import type { Element, Family } from "./objects.ts";
-import { Transaction } from "./transaction.ts";
+import { type Element, type Family, validateObject, writeObject } from "./objects.ts";
+import { type Operation, Transaction } from "./transaction.ts";
 
 /** Options of {@linkcode NftablesRunner}. */
 export interface NftablesRunnerOptions {
@@ -185,6 +187,51 @@ export class NftablesRunner implements Nftables {
     const args = check ? ["--check", "-f", "-"] : ["-f", "-"];
     const r = await this.#exec(args, stdin, false);
     if (r.code !== 0) throw errorFromNft(r.stderr, r.code, lines);
+  }
+
+  /**
+   * Sends the operations with `nft -f -` as they are produced, 256 KiB at a time. The failing line of an error
+   * is the one nft echoes (the input is not kept).
+   */
+  async runOperations(ops: Iterable<Operation>): Promise<number> {
+    const family = this.family, table = this.table;
+    const w = new ChunkWriter();
+    let invalid: NftablesError | undefined;
+    function* chunks(): Generator<Uint8Array, void, undefined> {
+      let n = 0;
+      for (const op of ops) {
+        n++;
+        const problem = validateObject(op.verb, op.obj, family);
+        if (problem !== undefined) {
+          invalid = new NftablesError(`invalid operation ${n} (${op.verb} ${op.obj.kind}): ${problem}`, {
+            invalid: true,
+          });
+          throw invalid;
+        }
+        yield* w.text(writeObject(op.verb, op.obj, family, table));
+        yield* w.text("\n");
+      }
+      yield* w.end();
+    }
+    let r;
+    try {
+      r = await this.#runner.tryRun({
+        cmd: this.#nft,
+        args: ["-f", "-"],
+        stdin: chunks(),
+        captureStdout: false,
+        timeoutMs: this.#timeoutMs,
+      });
+    } catch (err) {
+      // nft could not be started; any other exception is the producer's (nft was killed before it could apply
+      // anything, invalid operations included) and is passed on as it is.
+      if (err !== invalid && err instanceof CommandError) {
+        throw new NftablesError(`failed to run nft: ${err.message}`, { cause: err });
+      }
+      throw err;
+    }
+    if (r.code !== 0) throw errorFromNft(r.stderr, r.code, []);
+    return w.total;
   }
 
   async #exec(args: string[], stdin: Uint8Array | undefined, capture: boolean) {

@@ -134,6 +134,11 @@ export class Transaction {
     this.#queue("reset", obj);
   }
 
+  /** Queues an operation of any verb (checked as the verb's own method checks it). */
+  push(op: Operation): void {
+    this.#queue(op.verb, op.obj);
+  }
+
   /** The input lines, one per operation, without newlines. */
   lines(): string[] {
     const out = new Array<string>(this.#ops.length);

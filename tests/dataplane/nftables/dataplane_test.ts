@@ -42,9 +42,8 @@ class Kernel extends FakeNftables {
   }
 }
 
-function setup() {
+function setup(kernel = new Kernel()) {
   let clock = 1_000_000;
-  const kernel = new Kernel();
   const dp = new NftablesDataplane({
     family: "IPv4",
     runner: new RecordingCommandRunner(),
@@ -230,4 +229,138 @@ Deno.test("ServiceCIDRs are written on a full sync when they change", async () =
   );
   assert.equal(res.full, true);
   assert.ok(kernel.last.some((l) => l.includes("ip daddr { 172.30.0.0/16,172.31.0.0/16 } drop")));
+});
+
+Deno.test("after a restart the first full sync keeps endpoint chains without affinity, rewrites the others, empties leftovers and deletes them a second later", async () => {
+  const kernel = new Kernel();
+  const old = (eps: EpSpec[]) =>
+    makeState({ ns: "ns1", name: "old", clusterIP: "172.30.0.30", affinity: 30 }, eps);
+  const sticky = (eps: EpSpec[]) =>
+    makeState({ ns: "ns1", name: "db", clusterIP: "172.30.0.20", affinity: 60 }, eps);
+  await setup(kernel).dp.sync(
+    snapshot([
+      web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]),
+      sticky([{ ip: "10.1.0.9" }]),
+      old([{ ip: "10.1.0.5" }]),
+    ]),
+  );
+  // A new process on the same table.
+  const { dp, advance } = setup(kernel);
+  const after = [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.3" }]), sticky([{ ip: "10.1.0.9" }])];
+  await dp.sync(snapshot(after));
+  const tx = kernel.last;
+  const at = (re: RegExp) => tx.findIndex((l) => re.test(l));
+  assert.equal(
+    at(/^(add|flush) chain ip kube-proxy endpoint-\S+web\S+__10\.1\.0\.1\/80$/),
+    -1,
+    "kept as it is",
+  );
+  assert.ok(at(/^add rule ip kube-proxy endpoint-\S+web\S+__10\.1\.0\.3\/80 /) >= 0, "new endpoint written");
+  // The sticky Service's endpoint chain uses its affinity set, which is re-created: emptied first.
+  const flushSticky = at(/^flush chain ip kube-proxy endpoint-\S+db\S+__10\.1\.0\.9\/80$/);
+  const delSet = at(/^delete set ip kube-proxy affinity-\S+db\S+__10\.1\.0\.9\/80$/);
+  const addSet = at(/^add set ip kube-proxy affinity-\S+db\S+__10\.1\.0\.9\/80 /);
+  const useSet = at(/^add rule ip kube-proxy endpoint-\S+db\S+ update @affinity-/);
+  assert.ok(flushSticky >= 0 && flushSticky < delSet && delSet < addSet && addSet < useSet, tx.join("\n"));
+  // Leftovers: emptied, not deleted yet; the gone Service's affinity set goes after its chain was emptied.
+  const flushOld = at(/^flush chain ip kube-proxy endpoint-\S+old\S+__10\.1\.0\.5\/80$/);
+  const delOldSet = at(/^delete set ip kube-proxy affinity-\S+old\S+$/);
+  assert.ok(flushOld >= 0 && delOldSet > flushOld, tx.join("\n"));
+  assert.ok(at(/^flush chain ip kube-proxy endpoint-\S+web\S+__10\.1\.0\.2\/80$/) >= 0);
+  assert.ok(
+    !tx.some((l) => l.startsWith("delete chain") && l.includes("/")),
+    "stale chains are deleted later",
+  );
+  advance(1100);
+  assert.equal(await dp.needsFullSync(), false);
+  assert.deepEqual(
+    kernel.last.map((l) => l.split(" ")[4].replace(/^(\w+)-.*\/(\w+)\/tcp\/.*$/, "$1 $2")).sort(),
+    ["endpoint old", "endpoint web", "service old"],
+  );
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump(after));
+});
+
+Deno.test("a NodePort shared by two Services: the first one's chain gets it, the second's when the first goes", async () => {
+  const { kernel, dp } = setup();
+  const a = makeState({ ns: "ns1", name: "a", clusterIP: "172.30.0.40", nodePort: 30100 }, [{
+    ip: "10.1.0.1",
+  }]);
+  const b = makeState({ ns: "ns1", name: "b", clusterIP: "172.30.0.41", nodePort: 30100 }, [{
+    ip: "10.1.0.2",
+  }]);
+  await sync(dp, [a, b]);
+  const ext = (svc: string) =>
+    kernel.last.find((l) => l.startsWith("add chain ip kube-proxy external-") && l.includes(`/${svc}/`))!
+      .split(" ")[4];
+  const extA = ext("a"), extB = ext("b");
+  assert.ok(
+    kernel.last.includes(`add element ip kube-proxy service-nodeports { tcp . 30100 : goto ${extA} }`),
+  );
+  assert.ok(
+    !kernel.last.some((l) => l.includes(`: goto ${extB} }`)),
+    "one element per key: the first owner's",
+  );
+  await sync(dp, [b], ["ns1/a"]);
+  assert.ok(kernel.last.includes("delete element ip kube-proxy service-nodeports { tcp . 30100 }"));
+  assert.ok(
+    kernel.last.includes(`add element ip kube-proxy service-nodeports { tcp . 30100 : goto ${extB} }`),
+  );
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([b]));
+  // And back: b keeps it, a added again does not take it.
+  await sync(dp, [b, a], ["ns1/a"]);
+  assert.ok(!kernel.last.some((l) => l.includes("service-nodeports")), kernel.last.join("\n"));
+});
+
+Deno.test("a sync a second after chains were emptied deletes them at the end of its own transaction, not in one of their own", async () => {
+  const { kernel, dp, advance } = setup();
+  const two = web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]);
+  await sync(dp, [two]);
+  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  const emptied = kernel.last.find((l) => /^flush chain \S+ \S+ endpoint-\S+__10\.1\.0\.2\/80$/.test(l))!
+    .split(" ")[4];
+  // Within the second: a sync does not delete it.
+  advance(500);
+  await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.9" }])], ["ns1/db"]);
+  assert.ok(!kernel.last.some((l) => l.startsWith("delete chain")));
+  advance(600);
+  const before = kernel.transactions.length;
+  await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.8" }])], ["ns1/db"]);
+  assert.equal(kernel.transactions.length, before + 1, "one transaction for the sync and the deletion");
+  assert.equal(kernel.last.at(-1), `delete chain ip kube-proxy ${emptied}`);
+  assert.ok(kernel.last.some((l) => l.includes("__10.1.0.8/80")), "the sync's own changes are in it");
+  // The poll deletes what went stale since (db's old endpoint), not the chain deleted already.
+  advance(2000);
+  assert.equal(await dp.needsFullSync(), false);
+  assert.equal(kernel.transactions.length, before + 2);
+  assert.deepEqual(kernel.last.map((l) => l.replace(/endpoint-\S+db\S+__10\.1\.0\.9\/80$/, "DB9")), [
+    "delete chain ip kube-proxy DB9",
+  ]);
+  assert.deepEqual(
+    normalizeNftTable(kernel.dump()),
+    await freshDump([web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.8" }])]),
+  );
+});
+
+Deno.test("an emptied chain used again before it is deleted is written, not deleted", async () => {
+  const { kernel, dp, advance } = setup();
+  const two = () => web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]);
+  await sync(dp, [two()]);
+  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  advance(1100);
+  await sync(dp, [two()], ["ns1/web"]);
+  assert.ok(!kernel.last.some((l) => l.startsWith("delete chain")), kernel.last.join("\n"));
+  assert.ok(kernel.last.some((l) => /^add rule ip kube-proxy endpoint-\S+__10\.1\.0\.2\/80 /.test(l)));
+  advance(2000);
+  const before = kernel.transactions.length;
+  assert.equal(await dp.needsFullSync(), false);
+  assert.equal(kernel.transactions.length, before, "the poll has nothing to delete");
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([two()]));
+  // A full sync after the chain went stale and due deletes it in the same transaction.
+  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  advance(1100);
+  await sync(dp, [web([{ ip: "10.1.0.1" }])]);
+  assert.ok(kernel.last[0].startsWith("add table"), "full");
+  assert.match(kernel.last.at(-1)!, /^delete chain ip kube-proxy endpoint-\S+__10\.1\.0\.2\/80$/);
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }])]));
+  assert.doesNotMatch(kernel.dump(), /10\.1\.0\.2/);
 });

@@ -13,6 +13,7 @@ import {
   type Family,
   NftablesError,
   NftablesRunner,
+  type Operation,
   type Transaction,
 } from "../../../lib/dataplane/nftables/mod.ts";
 import { type NetnsRunner, nftKernelUnavailableReason, normalizeListing, withNetns } from "./helpers.ts";
@@ -622,5 +623,53 @@ privilegedTest(unavailable, {
       });
       await p.fails("IPv4 address in an IPv6 set", undefined, (tx) =>
         tx.add({ kind: "element", set: "cluster-ips", key: ["10.0.0.1"] }));
+    }),
+});
+
+privilegedTest(unavailable, {
+  name: "kernel: a streamed transaction (runOperations) applies as one; a producer failing after megabytes " +
+    "were sent, or a line nft rejects, applies nothing",
+  fn: () =>
+    withNetns(async (runner) => {
+      const nft = new NftablesRunner({ family: "ip", table: "kube-proxy", runner });
+      const listing = async () =>
+        (await runner.run({ cmd: "nft", args: ["list", "table", "ip", "kube-proxy"] })).stdout;
+      const chain = (i: number) => `endpoint-${String(i).padStart(6, "0")}-${"x".repeat(100)}`;
+      function* ops(n: number, tail?: () => Iterable<Operation>): Generator<Operation> {
+        for (let i = 0; i < n; i++) {
+          yield { verb: "add", obj: { kind: "chain", name: chain(i) } };
+          yield {
+            verb: "add",
+            obj: {
+              kind: "rule",
+              chain: chain(i),
+              rule: `meta l4proto tcp dnat to 10.0.${i >> 8 & 255}.${i & 255}:80`,
+            },
+          };
+        }
+        if (tail) yield* tail();
+      }
+      await nft.runOperations([{ verb: "add", obj: { kind: "table", comment: "rules for kube-proxy" } }]);
+      const before = await listing();
+      // ~4 MiB of input, then the producer fails: nft is killed before its stdin ends, nothing is applied.
+      const boom = new Error("producer failed");
+      const err = await nft.runOperations(ops(20_000, () => {
+        throw boom;
+      })).catch((e) => e);
+      assert.equal(err, boom);
+      assert.equal(await listing(), before, "nothing of the failed stream was applied");
+      // A line the kernel rejects at the end of a long stream: the whole transaction is rejected.
+      const rejected = await nft.runOperations(ops(5_000, function* () {
+        yield { verb: "add", obj: { kind: "rule", chain: "nope", rule: "accept" } };
+      })).catch((e) => e);
+      assert.ok(rejected instanceof NftablesError && rejected.code === "ENOENT", String(rejected));
+      assert.equal(rejected.inputLine, "add rule ip kube-proxy nope accept");
+      assert.equal(await listing(), before);
+      // The same stream without the bad line: every chain is there.
+      const bytes = await nft.runOperations(ops(5_000));
+      assert.ok(bytes > 1_000_000, `${bytes} bytes`);
+      const chains = await nft.list("chain");
+      assert.equal(chains.length, 5_000);
+      assert.equal(chains.at(-1), chain(4_999));
     }),
 });

@@ -52,6 +52,50 @@ Deno.test("NftablesRunner.run() sends the transaction to nft -f - in one call", 
   assert.equal(rec.calls.length, 2, "an invalid transaction runs nothing");
 });
 
+Deno.test("NftablesRunner.runOperations() streams the operations to nft -f - and returns the input's size", async () => {
+  const { rec, nft } = runnerWith(() => undefined);
+  const chain = (i: number) => ({ kind: "chain" as const, name: `endpoint-${"X".repeat(200)}-${i}` });
+  function* ops() {
+    yield { verb: "add" as const, obj: { kind: "table" as const, comment: "rules for kube-proxy" } };
+    // More than one 256 KiB chunk.
+    for (let i = 0; i < 2000; i++) yield { verb: "add" as const, obj: chain(i) };
+  }
+  const bytes = await nft.runOperations(ops());
+  const tx = nft.newTransaction();
+  for (const o of ops()) tx.push(o);
+  assert.equal(rec.calls.length, 1);
+  assert.deepEqual(rec.calls[0].args, ["-f", "-"]);
+  assert.equal(rec.calls[0].stdin, tx.toString(), "the same text as the transaction");
+  assert.equal(bytes, tx.byteLength());
+  assert.ok(bytes > 256 * 1024);
+});
+
+Deno.test("NftablesRunner.runOperations(): an invalid operation or a failing producer stops the run, nft's error is classified", async () => {
+  const { nft } = runnerWith((c) =>
+    c.stdin.includes("nope") ? { code: 1, stderr: ENOENT_STDERR } : undefined
+  );
+  function* invalid() {
+    yield { verb: "add" as const, obj: { kind: "table" as const } };
+    yield { verb: "add" as const, obj: { kind: "rule" as const, chain: "c" } };
+  }
+  const err = await nft.runOperations(invalid()).catch((e) => e);
+  assert.ok(err instanceof NftablesError && err.invalid, String(err));
+  assert.match(err.message, /^invalid operation 2 \(add rule\)/);
+  const boom = new Error("producer failed");
+  function* failing() {
+    yield { verb: "add" as const, obj: { kind: "table" as const } };
+    throw boom;
+  }
+  assert.equal(await nft.runOperations(failing()).catch((e) => e), boom);
+  function* rejected() {
+    yield { verb: "add" as const, obj: { kind: "rule" as const, chain: "nope", rule: "accept" } };
+  }
+  const e2 = await nft.runOperations(rejected()).catch((e) => e);
+  assert.ok(e2 instanceof NftablesError && isNotFound(e2), String(e2));
+  assert.equal(e2.inputLine, "add rule ip t nope accept", "the line nft echoes");
+  assert.equal(e2.line, 2);
+});
+
 const ENOENT_STDERR = `/dev/stdin:2:15-18: Error: Could not process rule: No such file or directory
 add rule ip t nope accept
               ^^^^
