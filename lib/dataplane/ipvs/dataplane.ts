@@ -186,6 +186,19 @@ export class IpvsDataplane implements Dataplane {
       });
       if (r.code !== 0) return `virtual server ${first.value} is gone`;
     }
+    // Beyond upstream (whose every periodic sync is full): a firewall reload or `iptables -t nat -F
+    // KUBE-SERVICES` shows as a rule count unlike the one written (the chain is a few rules in this mode).
+    if (this.lastIptables !== null) {
+      const want = countRules(this.lastIptables, "KUBE-SERVICES");
+      const r = await this.runner.tryRun({
+        cmd: this.opts.iptables.iptables,
+        args: ["-w", "5", "-t", "nat", "-S", "KUBE-SERVICES"],
+        timeoutMs: 30_000,
+      });
+      if (r.code !== 0) return `nat KUBE-SERVICES is gone: ${r.stderr.trim()}`;
+      const have = countRules(r.stdout, "KUBE-SERVICES");
+      if (have !== want) return `nat KUBE-SERVICES has ${have} rules, ${want} written`;
+    }
     const set = setName("KUBE-CLUSTER-IP", this.family);
     const s = await this.runner.tryRun({ cmd: "ipset", args: ["list", "-t", set], timeoutMs: 30_000 });
     const m = s.stdout.match(/Number of entries: (\d+)/);
@@ -690,6 +703,14 @@ export class IpvsDataplane implements Dataplane {
       return deleted;
     });
   }
+}
+
+/** The number of `-A <chain> ` rules in iptables-save/-S text. */
+function countRules(text: string, chain: string): number {
+  const prefix = `-A ${chain} `;
+  let n = 0;
+  for (const line of text.split("\n")) if (line.startsWith(prefix)) n++;
+  return n;
 }
 
 function sameContext(a: RenderContext, b: RenderContext): boolean {

@@ -549,3 +549,27 @@ Deno.test("needsFullSync: quiet when nothing changed, true when kube-ipvs0 lost 
   k.links["kube-ipvs0"] = [];
   assert.equal(await dp.needsFullSync(), true);
 });
+
+Deno.test("needsFullSync: true when nat KUBE-SERVICES was flushed or deleted behind our back (beyond upstream)", async () => {
+  const k = fakeKernel();
+  const r = kernelRunner(k, (c) => {
+    if (c.cmd === "ipset" && c.args[0] === "list") {
+      return { stdout: "Name: KUBE-CLUSTER-IP\nNumber of entries: 1\n" };
+    }
+    return undefined;
+  });
+  const { dp } = ipvsDataplane(r);
+  await dp.sync(snapshot([svcNP()], { nodeIPs: NODE }));
+  k.links["kube-ipvs0"] = ["10.20.30.41"];
+  const written = k.natServices!;
+  assert.ok(written.length > 2, written.join("\n"));
+  assert.equal(await dp.needsFullSync(), false);
+  k.natServices = []; // iptables -t nat -F KUBE-SERVICES
+  assert.equal(await dp.needsFullSync(), true);
+  // The full sync writes the rules again; then all is quiet.
+  await dp.sync(snapshot([svcNP()], { nodeIPs: NODE, changed: [] }));
+  assert.deepEqual(k.natServices, written);
+  assert.equal(await dp.needsFullSync(), false);
+  k.natServices = null; // a firewall reload deleted the chain
+  assert.equal(await dp.needsFullSync(), true);
+});
