@@ -51,7 +51,7 @@ seconds_since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}
 declare -A host_tools=(
   [/usr/sbin/ipvsadm]=ipvsadm [/usr/sbin/ipset]=ipset [/usr/bin/ip]=iproute2
   [/usr/sbin/xtables-legacy-multi]=iptables [/usr/sbin/xtables-nft-multi]=iptables [/usr/sbin/nft]=nftables
-  [/usr/sbin/conntrack]=conntrack [/usr/sbin/sysctl]=procps [/usr/bin/choom]=util-linux
+  [/usr/sbin/conntrack]=conntrack [/usr/sbin/sysctl]=procps [/usr/bin/choom]=util-linux [/usr/bin/openssl]=openssl
 )
 
 apt_install() {
@@ -222,6 +222,12 @@ build() {
   done
   for t in /usr/lib/x86_64-linux-gnu/xtables/*.so; do copy_with_libs "$t"; done
   [ -d /usr/share/iproute2 ] && mkdir -p "$R/usr/share" && cp -a /usr/share/iproute2 "$R/usr/share/"
+  # openssl's configuration (the real kube-apiserver's test PKI is made with openssl: testkit/certs.ts).
+  if [ -f /etc/ssl/openssl.cnf ]; then
+    mkdir -p "$R/etc/ssl" "$R/usr/lib/ssl"
+    cp /etc/ssl/openssl.cnf "$R/etc/ssl/"
+    ln -s /etc/ssl/openssl.cnf "$R/usr/lib/ssl/openssl.cnf"
+  fi
   # The kernel's module loader, and glibc's C/C++ runtime for the Deno binary that comes over 9p.
   cp "$bb" "$R/usr/bin/busybox"
   for n in $("$bb" --list-full); do
