@@ -23,14 +23,19 @@ import { sleep, startSandboxAgent } from "./helpers.ts";
 
 /** The node both proxies run as. */
 export const NODE = "node1";
+/** The node of the corpus's remote endpoints. */
 export const OTHER_NODE = "node2";
 /** The namespace of the corpus. */
 export const NS = "parity";
+/** Both proxies' `--cluster-cidr`. */
 export const CLUSTER_CIDR = "10.244.0.0/16,fd00:10:244::/56";
+/** The node's addresses (identical in both sandboxes). */
 export const NODE_IP = "192.168.77.1";
+/** The node's IPv6 address. */
 export const NODE_IP6 = "fd00:77::1";
-/** The API users of upstream kube-proxy and of the agent. */
+/** Upstream kube-proxy's API user (a static token bound to system:node-proxier). */
 export const UPSTREAM_USER = "parity-upstream";
+/** The agent's API user. */
 export const OUR_USER = "parity-ours";
 /** An iptables backend. */
 export type Backend = "nft" | "legacy";

@@ -301,19 +301,42 @@ async function runSuite(
         }, 3000);
       });
 
-      await t.step("an agent restart keeps established TCP connections", async () => {
-        const held = await pc.open(sb.nodeIP, 30080);
-        assert.equal(held.result, "ok");
-        const status = await agent!.stop(10_000);
-        assert.equal(status.code, 0, agent!.tail());
-        assert.equal((await pc.send(held.conn!)).result, "ok", "after stop");
-        agent = startAgent(sb, sim!.kubeconfig);
-        // The old rules stayed in place; wait for the new agent's own first (full) sync to be written.
-        await agent.waitForOutput("SyncProxyRules complete", 30_000);
-        assert.equal((await pc.send(held.conn!)).result, "ok", "after restart");
-        assert.equal((await pc.tcp(sb.nodeIP, 30080)).result, "ok", "new connections after restart");
-        await pc.closeConn(held.conn!);
-      });
+      await t.step(
+        "an agent restart keeps established TCP connections and never blackholes new ones",
+        async () => {
+          const held = await pc.open(sb.nodeIP, 30080);
+          assert.equal(held.result, "ok");
+          // New connections all along, from the stop to the new agent's first sync and beyond.
+          let probing = true;
+          const outcomes: string[] = [];
+          const prober = (async () => {
+            while (probing) {
+              const r = await pc.tcp(sb.nodeIP, 30080, { timeoutMs: 1000 });
+              outcomes.push(r.result);
+              await sleep(50);
+            }
+          })();
+          const status = await agent!.stop(10_000);
+          assert.equal(status.code, 0, agent!.tail());
+          assert.equal((await pc.send(held.conn!)).result, "ok", "after stop");
+          agent = startAgent(sb, sim!.kubeconfig);
+          // The old rules stayed in place; wait for the new agent's own first (full) sync to be written.
+          await agent.waitForOutput("SyncProxyRules complete", 30_000);
+          await sleep(500);
+          probing = false;
+          await prober;
+          assert.equal((await pc.send(held.conn!)).result, "ok", "after restart");
+          assert.equal((await pc.tcp(sb.nodeIP, 30080)).result, "ok", "new connections after restart");
+          const failed = outcomes.filter((o) => o !== "ok");
+          assert.ok(outcomes.length >= 5, `only ${outcomes.length} probes during the restart`);
+          assert.deepEqual(
+            failed,
+            [],
+            `${failed.length} of ${outcomes.length} connections failed during the restart`,
+          );
+          await pc.closeConn(held.conn!);
+        },
+      );
 
       if (m.partialFlush) {
         const flush = m.partialFlush;
