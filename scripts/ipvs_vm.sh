@@ -20,7 +20,8 @@
 # iptables legacy and nft, nft, ipset, ipvsadm, conntrack, procps sysctl and choom; busybox provides the rest.
 #
 # Exit code: that of the command inside the VM; 99 when the VM reported no result, 124 on timeout.
-# Environment: DKP_TOOLS; IPVS_VM_MEM (MiB, default 2048); IPVS_VM_TIMEOUT (s, default 900);
+# Environment: DKP_TOOLS; IPVS_VM_K8S (Kubernetes binaries shared read-only when the directory exists,
+# default $DKP_TOOLS/k8s-v1.35.4); IPVS_VM_MEM (MiB, default 2048); IPVS_VM_TIMEOUT (s, default 900);
 # IPVS_VM_JUNIT=FILE (test: copy Deno's JUnit report there); IPVS_VM_KEEP=1 (keep the scratch dir).
 set -euo pipefail
 
@@ -35,6 +36,7 @@ DKP_TOOLS=${DKP_TOOLS:-$HOME/.cache/deno-kube-proxy}
 vm_dir="$DKP_TOOLS/ipvs-vm"
 VM_MEM=${IPVS_VM_MEM:-2048}
 VM_TIMEOUT=${IPVS_VM_TIMEOUT:-900}
+K8S_DIR=${IPVS_VM_K8S:-$DKP_TOOLS/k8s-v1.35.4}
 export PATH="$PATH:/usr/sbin:/sbin"
 
 log() { printf '[ipvs-vm %s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -49,7 +51,7 @@ seconds_since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}
 declare -A host_tools=(
   [/usr/sbin/ipvsadm]=ipvsadm [/usr/sbin/ipset]=ipset [/usr/bin/ip]=iproute2
   [/usr/sbin/xtables-legacy-multi]=iptables [/usr/sbin/xtables-nft-multi]=iptables [/usr/sbin/nft]=nftables
-  [/usr/sbin/conntrack]=conntrack [/usr/sbin/sysctl]=procps [/usr/bin/choom]=util-linux
+  [/usr/sbin/conntrack]=conntrack [/usr/sbin/sysctl]=procps [/usr/bin/choom]=util-linux [/usr/bin/openssl]=openssl
 )
 
 apt_install() {
@@ -220,6 +222,12 @@ build() {
   done
   for t in /usr/lib/x86_64-linux-gnu/xtables/*.so; do copy_with_libs "$t"; done
   [ -d /usr/share/iproute2 ] && mkdir -p "$R/usr/share" && cp -a /usr/share/iproute2 "$R/usr/share/"
+  # openssl's configuration (the real kube-apiserver's test PKI is made with openssl: testkit/certs.ts).
+  if [ -f /etc/ssl/openssl.cnf ]; then
+    mkdir -p "$R/etc/ssl" "$R/usr/lib/ssl"
+    cp /etc/ssl/openssl.cnf "$R/etc/ssl/"
+    ln -s /etc/ssl/openssl.cnf "$R/usr/lib/ssl/openssl.cnf"
+  fi
   # The kernel's module loader, and glibc's C/C++ runtime for the Deno binary that comes over 9p.
   cp "$bb" "$R/usr/bin/busybox"
   for n in $("$bb" --list-full); do
@@ -358,13 +366,16 @@ run_in_vm() {
   deno_dir=$(DENO_NO_UPDATE_CHECK=1 "$deno_bin" info --json | sed -n 's/^ *"denoDir": "\(.*\)",$/\1/p')
   [ -n "$deno_dir" ] || die "cannot find Deno's cache directory"
   scratch=$(mktemp -d "${TMPDIR:-/tmp}/ipvs-vm.XXXXXX")
-  # The checkout and the Deno binary at their host paths, parents first. The Deno cache is read-only over
-  # 9p with a tmpfs overlay on top, so that Deno can write its caches in the VM without touching the host's.
-  local mounts=("repo=$repo:ro" "denobin=$(dirname "$deno_bin"):ro" "denodir=$deno_dir:ro")
+  # The checkout, the Deno binary and the Kubernetes binaries (if built) at their host paths, parents
+  # first. The Deno cache is read-only over 9p with a tmpfs overlay on top, so that Deno can write its
+  # caches in the VM without touching the host's.
+  local mounts=("repo=$repo:ro" "denobin=$(dirname "$deno_bin"):ro")
+  # Kubernetes binaries built from source (upstream kube-proxy for the parity test and the benchmarks).
+  [ -d "$K8S_DIR" ] && mounts+=("k8s=$K8S_DIR:ro")
   {
     echo 'mnt() { mkdir -p "$2" && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro "$1" "$2"; }'
     local spec p
-    for spec in $(printf '%s\n' "${mounts[@]:0:2}" | awk -F= '{print length($2) "\t" $0}' | sort -n | cut -f2); do
+    for spec in $(printf '%s\n' "${mounts[@]}" | awk -F= '{print length($2) "\t" $0}' | sort -n | cut -f2); do
       p=${spec#*=}
       echo "mnt ${spec%%=*} $(sq "${p%:*}") || { echo 'IPVSVM: 9p mount of ${spec%%=*} failed'; exit 98; }"
     done
@@ -379,7 +390,7 @@ run_in_vm() {
     echo "$cmd"
   } >"$scratch/run.sh"
   set +e
-  boot "$scratch" "${mounts[@]}"
+  boot "$scratch" "${mounts[@]}" "denodir=$deno_dir:ro"
   rc=$?
   set -e
   if [ -n "${IPVS_VM_JUNIT:-}" ] && [ -f "$scratch/junit.xml" ]; then cp "$scratch/junit.xml" "$IPVS_VM_JUNIT"; fi

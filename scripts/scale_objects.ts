@@ -23,8 +23,20 @@ export function serviceType(i: number): "ClusterIP" | "NodePort" | "LoadBalancer
   return m === 8 ? "NodePort" : m === 9 ? "LoadBalancer" : "ClusterIP";
 }
 
-/** A Service of the generated set. NodePorts wrap around the 30000-32767 range beyond 2768 of them. */
-export function makeService(i: number): KubeObject {
+/**
+ * A node port no other NodePort or LoadBalancer Service of the set has (up to 2768 of them, 27 680 Services),
+ * as the API server's allocator guarantees; {@linkcode makeService}'s own numbering gives each NodePort/LB
+ * pair one port, which the ipvs mode would program as one virtual server.
+ */
+export function uniqueNodePort(i: number): number {
+  return 30000 + (2 * Math.floor(i / 10) + (i % 10 === 9 ? 1 : 0)) % 2768;
+}
+
+/**
+ * A Service of the generated set. NodePorts wrap around the 30000-32767 range beyond 2768 of them;
+ * `uniqueNodePorts` numbers them with {@linkcode uniqueNodePort} instead.
+ */
+export function makeService(i: number, opts: { uniqueNodePorts?: boolean } = {}): KubeObject {
   const type = serviceType(i);
   const spec: Record<string, unknown> = {
     type,
@@ -36,7 +48,9 @@ export function makeService(i: number): KubeObject {
     ports: [{ name: "", port: 80, protocol: "TCP", targetPort: TARGET_PORT }],
   };
   if (type !== "ClusterIP") {
-    (spec.ports as Record<string, unknown>[])[0].nodePort = 30000 + (Math.floor(i / 5) % 2768);
+    (spec.ports as Record<string, unknown>[])[0].nodePort = opts.uniqueNodePorts
+      ? uniqueNodePort(i)
+      : 30000 + (Math.floor(i / 5) % 2768);
     spec.externalTrafficPolicy = "Cluster";
   }
   const svc: Record<string, unknown> = {

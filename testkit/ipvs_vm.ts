@@ -15,6 +15,7 @@
  */
 
 import { PROJECT_ROOT } from "./agent_command.ts";
+import { sandboxUnavailableReason } from "./sandbox.ts";
 
 /** How one test (or test step) inside the VM ended, from Deno's JUnit report. */
 export interface VmTestCase {
@@ -185,4 +186,24 @@ export async function runInIpvsVm(files: string[], opts: IpvsVmOptions = {}): Pr
     clearTimeout(guard);
     await Deno.remove(junit).catch(() => {});
   }
+}
+
+/**
+ * Why this kernel cannot carry the ipvs mode's tests (the sandbox's needs, `ipvsadm`, IPVS in the kernel,
+ * the dummy link type), or undefined when it can: on the host (no IPVS) it says so; inside the VM it is
+ * undefined. `tools` are more programs the caller needs.
+ */
+export function ipvsKernelUnavailableReason(tools: string[] = []): string | undefined {
+  const base = sandboxUnavailableReason(["ip", "ipvsadm", "ipset", "iptables-restore", "sysctl", ...tools]);
+  if (base) return base;
+  try {
+    Deno.statSync("/proc/net/ip_vs");
+  } catch {
+    return "this kernel has no IPVS (the VM runs it: bash scripts/ipvs_vm.sh test <file>)";
+  }
+  const dummy = new Deno.Command("ip", { args: ["link", "add", "dkp-dummy-probe", "type", "dummy"] })
+    .outputSync();
+  if (!dummy.success) return "no dummy link type in this kernel (kube-ipvs0 needs it)";
+  new Deno.Command("ip", { args: ["link", "del", "dkp-dummy-probe"] }).outputSync();
+  return undefined;
 }

@@ -11,7 +11,7 @@
  * - `{op:"udp", ...same}`: send one datagram, wait for one answer datagram.
  * - `{op:"open", host, port, timeoutMs?}`: like tcp but keeps the connection; answers `conn`.
  * - `{op:"send", conn, timeoutMs?}`: writes `ping\n` on a held connection and reads one line.
- * - `{op:"close", conn}`: closes a held connection.
+ * - `{op:"close", conn, reset?}`: closes a held connection (with `reset`, by a TCP RST instead of a FIN).
  *
  * Outcomes: `ok` (with `answer`, the line without its newline), `refused`, `timeout`, `closed`
  * (the peer closed or reset a held connection), `error` (with `error`).
@@ -31,6 +31,8 @@ export interface ProbeRequest {
   localAddress?: string;
   localPort?: number;
   conn?: number;
+  /** For `close`: abort the connection with an RST. */
+  reset?: boolean;
 }
 
 /** How a probe ended. */
@@ -189,7 +191,8 @@ async function handle(req: ProbeRequest): Promise<ProbeResult> {
       return await sendOnHeld(req);
     case "close": {
       const entry = held.get(req.conn ?? -1);
-      entry?.sock.destroy();
+      if (req.reset) entry?.sock.resetAndDestroy();
+      else entry?.sock.destroy();
       held.delete(req.conn ?? -1);
       return { result: "ok" };
     }
@@ -325,9 +328,9 @@ export class Probe {
     return this.request({ op: "send", conn, timeoutMs });
   }
 
-  /** Closes a held connection. */
-  async closeConn(conn: number): Promise<void> {
-    await this.request({ op: "close", conn });
+  /** Closes a held connection; `reset` aborts it with an RST (no FIN, no TIME_WAIT). */
+  async closeConn(conn: number, opts: { reset?: boolean } = {}): Promise<void> {
+    await this.request({ op: "close", conn, reset: opts.reset });
   }
 
   /**

@@ -4,8 +4,9 @@
  * is left. Dataplane-neutral: a {@linkcode RuleDumper} reads a mode's rules as named sections (e.g. `IPv4
  * nat` from `iptables-save -t nat`, or `ip kube-proxy` from `nft list table ip kube-proxy`), a
  * {@linkcode Normalizer} turns a section into comparable lines; {@linkcode compareRules} diffs the
- * sections. iptables ({@linkcode iptablesDumper}, {@linkcode normalizeIptablesSave}) is the first mode;
- * nftables and ipvs add a dumper and a normalizer of their own.
+ * sections. iptables ({@linkcode iptablesDumper}, {@linkcode normalizeIptablesSave}), nftables
+ * ({@linkcode nftablesDumper}) and ipvs ({@linkcode ipvsDumper}: IPVS virtual servers, ipsets and kube-ipvs0
+ * besides the iptables tables) each have a dumper and a normalizer.
  * @module
  */
 
@@ -290,6 +291,106 @@ export function normalizeNftTable(text: string): string[] {
 
 /** The nftables normalizer for {@linkcode compareRules}. */
 export const nftablesNormalizer: Normalizer = (_section, text) => normalizeNftTable(text);
+
+/** The sections {@linkcode ipvsDumper} adds to the iptables ones. */
+export const IPVS_SECTIONS = ["ipvsadm", "ipset", "kube-ipvs0"] as const;
+
+/**
+ * A dumper of the ipvs mode: the iptables tables of `backend` for `families` (as {@linkcode iptablesDumper}),
+ * plus `ipvsadm` (`ipvsadm -S -n`), `ipset` (`ipset save`) and `kube-ipvs0` (`ip -o link show` and
+ * `ip -o addr show` of the dummy interface; empty when it does not exist).
+ */
+export function ipvsDumper(
+  exec: NsExec,
+  backend: "nft" | "legacy",
+  families: ("IPv4" | "IPv6")[] = ["IPv4"],
+): RuleDumper {
+  const tables = iptablesDumper(exec, backend, families);
+  return async (ns) => {
+    const out = await tables(ns);
+    out["ipvsadm"] = await exec(ns, "ipvsadm", ["-S", "-n"]);
+    out["ipset"] = await exec(ns, "ipset", ["save"]);
+    const link = await exec(ns, "ip", ["-o", "link", "show", "dev", "kube-ipvs0"]).catch(() => "");
+    out["kube-ipvs0"] = link === ""
+      ? ""
+      : link + await exec(ns, "ip", ["-o", "addr", "show", "dev", "kube-ipvs0"]);
+    return out;
+  };
+}
+
+/**
+ * Normalizes `ipvsadm -S -n`: each virtual server (`-A` line) with its real servers (`-a` lines) sorted
+ * under it, the virtual servers sorted (the kernel lists them in hash-table order).
+ */
+export function normalizeIpvsadmSave(text: string): string[] {
+  const services = new Map<string, { line: string; reals: string[] }>();
+  const keyOf = (w: string[]) => `${w[1]} ${w[2]}`;
+  for (const raw of text.split("\n")) {
+    const line = raw.trim().replace(/\s+/g, " ");
+    const w = line.split(" ");
+    if (w[0] === "-A") services.set(keyOf(w), { line, reals: [] });
+    else if (w[0] === "-a") {
+      const vs = services.get(keyOf(w));
+      if (vs) vs.reals.push(line);
+      else services.set(`? ${line}`, { line: `(real server without its virtual server) ${line}`, reals: [] });
+    }
+  }
+  return [...services.keys()].sort().flatMap((k) => {
+    const vs = services.get(k)!;
+    return [vs.line, ...vs.reals.sort().map((r) => `  ${r}`)];
+  });
+}
+
+/**
+ * Normalizes `ipset save` to the `KUBE-` sets: each `create` line without the kernel's per-set
+ * `bucketsize` and random `initval`, followed by its members sorted; sets sorted by name.
+ */
+export function normalizeIpsetSave(text: string): string[] {
+  const sets = new Map<string, { create: string; members: string[] }>();
+  for (const line of text.split("\n")) {
+    const w = line.split(" ");
+    if (!w[1]?.startsWith("KUBE-")) continue;
+    if (w[0] === "create") {
+      const create = line.replace(/ bucketsize \d+/, "").replace(/ initval 0x[0-9a-f]+/, "");
+      sets.set(w[1], { create, members: [] });
+    } else if (w[0] === "add") sets.get(w[1])?.members.push(line);
+  }
+  return [...sets.keys()].sort().flatMap((k) => {
+    const s = sets.get(k)!;
+    return [s.create, ...s.members.sort()];
+  });
+}
+
+/**
+ * Normalizes kube-ipvs0's `ip -o link show` + `ip -o addr show`: the link's type, flags and state (not its
+ * index or random MAC address), then its addresses sorted.
+ */
+export function normalizeDummyLink(text: string): string[] {
+  if (text.trim() === "") return [];
+  const out: string[] = [];
+  const addrs: string[] = [];
+  for (const line of text.split("\n")) {
+    const link = /^\d+: (\S+): (<[^>]*>).* state (\S+)/.exec(line);
+    if (link) out.push(`link ${link[1]} ${link[2]} state ${link[3]}`);
+    const addr = / (inet6?) (\S+) /.exec(line);
+    if (addr && !line.includes(" link/")) addrs.push(`${addr[1]} ${addr[2]}`);
+  }
+  return [...out, ...addrs.sort()];
+}
+
+/** The ipvs-mode normalizer for {@linkcode compareRules}: by section (see {@linkcode ipvsDumper}). */
+export const ipvsNormalizer: Normalizer = (section, text) => {
+  switch (section) {
+    case "ipvsadm":
+      return normalizeIpvsadmSave(text);
+    case "ipset":
+      return normalizeIpsetSave(text);
+    case "kube-ipvs0":
+      return normalizeDummyLink(text);
+    default:
+      return normalizeIptablesSave(text);
+  }
+};
 
 /** The outcome of {@linkcode compareRules}. */
 export interface ParityResult {

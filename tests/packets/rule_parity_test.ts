@@ -4,8 +4,12 @@ import assert from "node:assert/strict";
 import {
   compareRules,
   iptablesNormalizer,
+  ipvsNormalizer,
   nftablesNormalizer,
+  normalizeDummyLink,
+  normalizeIpsetSave,
   normalizeIptablesSave,
+  normalizeIpvsadmSave,
   normalizeNftTable,
   serviceKeyOf,
   UPSTREAM_NFACCT,
@@ -169,4 +173,93 @@ Deno.test("rule parity: nft tables compare equal whatever the order of objects a
   assert.ok(n.includes("counter jump x"), n.join("\n"));
   const swapped = table("ab", ["numgen random mod 1 vmap { 0 : goto e }", "ip daddr 10.96.0.1 jump mark"]);
   assert.equal(compareRules({ ip: table("ab") }, { ip: swapped }, nftablesNormalizer).equal, false);
+});
+
+Deno.test("rule parity: ipvsadm -S -n compares in any virtual and real server order, not with other weights", () => {
+  // As ipvsadm 1.31 prints it (IPVS VM, Debian 6.1 kernel).
+  const a = [
+    "-A -t 10.96.0.10:81 -s rr",
+    "-A -u 10.96.0.10:53 -s rr -p 60",
+    "-a -u 10.96.0.10:53 -r 10.244.0.5:53 -m -w 1",
+    "-a -u 10.96.0.10:53 -r 10.244.0.6:53 -m -w 1",
+    "-A -t [fd00:96::10]:80 -s rr",
+    "-a -t [fd00:96::10]:80 -r [fd00:244::5]:8080 -m -w 1",
+    "",
+  ].join("\n");
+  const b = [
+    "-A -t [fd00:96::10]:80 -s rr",
+    "-a -t [fd00:96::10]:80 -r [fd00:244::5]:8080 -m -w 1",
+    "-A -u 10.96.0.10:53 -s rr -p 60",
+    "-a -u 10.96.0.10:53 -r 10.244.0.6:53 -m -w 1",
+    "-a -u 10.96.0.10:53 -r 10.244.0.5:53 -m -w 1",
+    "-A -t 10.96.0.10:81 -s rr",
+  ].join("\n");
+  assert.deepEqual(normalizeIpvsadmSave(a), normalizeIpvsadmSave(b));
+  assert.deepEqual(normalizeIpvsadmSave(a), [
+    "-A -t 10.96.0.10:81 -s rr",
+    "-A -t [fd00:96::10]:80 -s rr",
+    "  -a -t [fd00:96::10]:80 -r [fd00:244::5]:8080 -m -w 1",
+    "-A -u 10.96.0.10:53 -s rr -p 60",
+    "  -a -u 10.96.0.10:53 -r 10.244.0.5:53 -m -w 1",
+    "  -a -u 10.96.0.10:53 -r 10.244.0.6:53 -m -w 1",
+  ]);
+  const r = compareRules({ ipvsadm: a }, {
+    ipvsadm: b.replace("10.244.0.6:53 -m -w 1", "10.244.0.6:53 -m -w 0"),
+  }, ipvsNormalizer);
+  assert.equal(r.equal, false);
+  assert.match(r.diff, /^- {2}-a -u 10\.96\.0\.10:53 -r 10\.244\.0\.6:53 -m -w 1$/m);
+});
+
+Deno.test("rule parity: ipset save compares without bucketsize and initval, in any member order, KUBE- sets only", () => {
+  const a = [
+    "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0xcbcf893b",
+    "add KUBE-CLUSTER-IP 10.96.0.1,tcp:443",
+    "add KUBE-CLUSTER-IP 10.96.0.10,udp:53",
+    "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535",
+    "add KUBE-NODE-PORT-TCP 30080",
+    "create other-tool hash:ip family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1",
+    "add other-tool 1.2.3.4",
+  ].join("\n");
+  const b = [
+    "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535",
+    "add KUBE-NODE-PORT-TCP 30080",
+    "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x82a9fbc9",
+    "add KUBE-CLUSTER-IP 10.96.0.10,udp:53",
+    "add KUBE-CLUSTER-IP 10.96.0.1,tcp:443",
+  ].join("\n");
+  assert.deepEqual(normalizeIpsetSave(a), normalizeIpsetSave(b));
+  assert.deepEqual(normalizeIpsetSave(a), [
+    "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536",
+    "add KUBE-CLUSTER-IP 10.96.0.1,tcp:443",
+    "add KUBE-CLUSTER-IP 10.96.0.10,udp:53",
+    "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535",
+    "add KUBE-NODE-PORT-TCP 30080",
+  ]);
+  assert.notDeepEqual(
+    normalizeIpsetSave(a),
+    normalizeIpsetSave(b.replace("maxelem 65536", "maxelem 131072")),
+  );
+});
+
+Deno.test("rule parity: kube-ipvs0 compares by flags, state and sorted addresses, not index or MAC address", () => {
+  const link = (idx: number, mac: string) =>
+    `${idx}: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/ether ${mac} brd ff:ff:ff:ff:ff:ff\n`;
+  const addr = (idx: number, ip: string, fam = "inet") =>
+    `${idx}: kube-ipvs0    ${fam} ${ip} scope global kube-ipvs0\\       valid_lft forever preferred_lft forever\n`;
+  const a = link(5, "2e:f3:6b:d5:12:e0") + addr(5, "10.96.0.10/32") + addr(5, "10.96.0.1/32") +
+    addr(5, "fd00:96::1/128", "inet6");
+  const b = link(9, "1a:85:9b:55:2d:75") + addr(9, "10.96.0.1/32") + addr(9, "fd00:96::1/128", "inet6") +
+    addr(9, "10.96.0.10/32");
+  assert.deepEqual(normalizeDummyLink(a), normalizeDummyLink(b));
+  assert.deepEqual(normalizeDummyLink(a), [
+    "link kube-ipvs0 <BROADCAST,NOARP> state DOWN",
+    "inet 10.96.0.1/32",
+    "inet 10.96.0.10/32",
+    "inet6 fd00:96::1/128",
+  ]);
+  assert.deepEqual(normalizeDummyLink(""), []);
+  assert.notDeepEqual(
+    normalizeDummyLink(a),
+    normalizeDummyLink(a.replace("<BROADCAST,NOARP>", "<BROADCAST,NOARP,UP>")),
+  );
 });

@@ -95,7 +95,12 @@ export class IpvsDataplane implements Dataplane {
   // What is wanted (rendered ports and reference counts).
   private readonly ports = new Map<string, PortRendering>();
   private readonly byService = new Map<string, Set<string>>();
-  private readonly wantedVS = new Map<string, { owner: string; vs: WantedVirtualServer }>();
+  /**
+   * Wanted virtual servers by key, each with the service ports that want it (in the order they claimed it):
+   * two Services may name the same address and port (an externalIP listed twice); the last claim is
+   * programmed, and when it goes the previous one is, as long as one remains.
+   */
+  private readonly wantedVS = new Map<string, Map<string, WantedVirtualServer>>();
   private readonly wantedSets = new Map<SetKey, Map<string, number>>();
   private readonly wantedAddrs = new Map<string, number>();
   private readonly outFilters = new Map<string, string>();
@@ -185,6 +190,19 @@ export class IpvsDataplane implements Dataplane {
         timeoutMs: 30_000,
       });
       if (r.code !== 0) return `virtual server ${first.value} is gone`;
+    }
+    // Beyond upstream (whose every periodic sync is full): a firewall reload or `iptables -t nat -F
+    // KUBE-SERVICES` shows as a rule count unlike the one written (the chain is a few rules in this mode).
+    if (this.lastIptables !== null) {
+      const want = countRules(this.lastIptables, "KUBE-SERVICES");
+      const r = await this.runner.tryRun({
+        cmd: this.opts.iptables.iptables,
+        args: ["-w", "5", "-t", "nat", "-S", "KUBE-SERVICES"],
+        timeoutMs: 30_000,
+      });
+      if (r.code !== 0) return `nat KUBE-SERVICES is gone: ${r.stderr.trim()}`;
+      const have = countRules(r.stdout, "KUBE-SERVICES");
+      if (have !== want) return `nat KUBE-SERVICES has ${have} rules, ${want} written`;
     }
     const set = setName("KUBE-CLUSTER-IP", this.family);
     const s = await this.runner.tryRun({ cmd: "ipset", args: ["list", "-t", set], timeoutMs: 30_000 });
@@ -409,7 +427,10 @@ export class IpvsDataplane implements Dataplane {
     addrs: string[],
   ): void {
     for (const w of p.vs) {
-      this.wantedVS.set(w.key, { owner: name, vs: w });
+      let owners = this.wantedVS.get(w.key);
+      if (!owners) this.wantedVS.set(w.key, owners = new Map());
+      owners.delete(name);
+      owners.set(name, w);
       vs.push(w.key);
     }
     for (const [k, e] of p.sets) {
@@ -438,8 +459,9 @@ export class IpvsDataplane implements Dataplane {
     addrs: string[],
   ): void {
     for (const w of p.vs) {
-      if (this.wantedVS.get(w.key)?.owner === name) {
-        this.wantedVS.delete(w.key);
+      const owners = this.wantedVS.get(w.key);
+      if (owners?.delete(name)) {
+        if (owners.size === 0) this.wantedVS.delete(w.key);
         vs.push(w.key);
       }
     }
@@ -470,9 +492,16 @@ export class IpvsDataplane implements Dataplane {
     return this.exclude.some((c) => cidrContains(c, ip));
   }
 
+  /** The wanted virtual server of a key: its last claim. */
+  private currentVS(key: string): WantedVirtualServer | undefined {
+    let last: WantedVirtualServer | undefined;
+    for (const w of this.wantedVS.get(key)?.values() ?? []) last = w;
+    return last;
+  }
+
   /** Lines that make one virtual server in the kernel what is wanted (the kernel model follows). */
   private diffVS(key: string): string {
-    const want = this.wantedVS.get(key)?.vs;
+    const want = this.currentVS(key);
     let k = this.kernelVS.get(key);
     let out = "";
     if (!want) {
@@ -690,6 +719,14 @@ export class IpvsDataplane implements Dataplane {
       return deleted;
     });
   }
+}
+
+/** The number of `-A <chain> ` rules in iptables-save/-S text. */
+function countRules(text: string, chain: string): number {
+  const prefix = `-A ${chain} `;
+  let n = 0;
+  for (const line of text.split("\n")) if (line.startsWith(prefix)) n++;
+  return n;
 }
 
 function sameContext(a: RenderContext, b: RenderContext): boolean {

@@ -549,3 +549,58 @@ Deno.test("needsFullSync: quiet when nothing changed, true when kube-ipvs0 lost 
   k.links["kube-ipvs0"] = [];
   assert.equal(await dp.needsFullSync(), true);
 });
+
+Deno.test("needsFullSync: true when nat KUBE-SERVICES was flushed or deleted behind our back (beyond upstream)", async () => {
+  const k = fakeKernel();
+  const r = kernelRunner(k, (c) => {
+    if (c.cmd === "ipset" && c.args[0] === "list") {
+      return { stdout: "Name: KUBE-CLUSTER-IP\nNumber of entries: 1\n" };
+    }
+    return undefined;
+  });
+  const { dp } = ipvsDataplane(r);
+  await dp.sync(snapshot([svcNP()], { nodeIPs: NODE }));
+  k.links["kube-ipvs0"] = ["10.20.30.41"];
+  const written = k.natServices!;
+  assert.ok(written.length > 2, written.join("\n"));
+  assert.equal(await dp.needsFullSync(), false);
+  k.natServices = []; // iptables -t nat -F KUBE-SERVICES
+  assert.equal(await dp.needsFullSync(), true);
+  // The full sync writes the rules again; then all is quiet.
+  await dp.sync(snapshot([svcNP()], { nodeIPs: NODE, changed: [] }));
+  assert.deepEqual(k.natServices, written);
+  assert.equal(await dp.needsFullSync(), false);
+  k.natServices = null; // a firewall reload deleted the chain
+  assert.equal(await dp.needsFullSync(), true);
+});
+
+Deno.test("two Services on one externalIP:port share its virtual server; removing one leaves the other's", async () => {
+  const r = kernelRunner(fakeKernel());
+  const { dp } = ipvsDataplane(r);
+  const a = makeState({ ns: "ns1", name: "a", clusterIP: "10.20.30.41", externalIPs: ["50.60.70.81"] }, [
+    { ip: "10.180.0.1" },
+  ]);
+  const b = makeState({ ns: "ns1", name: "b", clusterIP: "10.20.30.42", externalIPs: ["50.60.70.81"] }, [
+    { ip: "10.180.0.2" },
+  ]);
+  await dp.sync(snapshot([a, b], { nodeIPs: NODE }));
+  // The last claim (b, later in the snapshot) is programmed.
+  assert.match(inputs(r, "ipvsadm", "-R")[0], /^-a -t 50\.60\.70\.81:80 -r 10\.180\.0\.2:80 -m -w 1$/m);
+  assert.doesNotMatch(inputs(r, "ipvsadm", "-R")[0], /^-a -t 50\.60\.70\.81:80 -r 10\.180\.0\.1:80/m);
+  r.calls.length = 0;
+  await dp.sync(snapshot([a], { nodeIPs: NODE, changed: ["ns1/b"] }));
+  // b's claim goes: the virtual server stays, now with a's endpoint (b's is drained).
+  const batch = inputs(r, "ipvsadm", "-R")[0];
+  assert.doesNotMatch(batch, /^-D -t 50\.60\.70\.81:80/m);
+  assert.match(batch, /^-a -t 50\.60\.70\.81:80 -r 10\.180\.0\.1:80 -m -w 1$/m);
+  assert.match(batch, /^-e -t 50\.60\.70\.81:80 -r 10\.180\.0\.2:80 -m -w 0$/m);
+  assert.deepEqual(
+    inputs(r, "ip", "-force"),
+    ["addr del 10.20.30.42/32 dev kube-ipvs0\n"],
+    "50.60.70.81 stays",
+  );
+  r.calls.length = 0;
+  await dp.sync(snapshot([], { nodeIPs: NODE, changed: ["ns1/a"] }));
+  assert.match(inputs(r, "ipvsadm", "-R")[0], /^-D -t 50\.60\.70\.81:80$/m);
+  dp.stop();
+});

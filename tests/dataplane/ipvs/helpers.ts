@@ -13,6 +13,11 @@ export interface FakeKernel {
   iptablesSave: { nat: string; filter: string };
   /** `ipvsadm -L -n [-t X]` output. */
   ipvsadmList: string;
+  /**
+   * The rules of nat KUBE-SERVICES as `iptables -t nat -S KUBE-SERVICES` prints them: set by every
+   * iptables-restore the dataplane runs; null makes the listing fail (no such chain).
+   */
+  natServices: string[] | null;
 }
 
 /** A kernel with eth0 holding the node IP 100.101.102.103 (upstream's test node IP), nothing else. */
@@ -23,6 +28,7 @@ export function fakeKernel(over: Partial<FakeKernel> = {}): FakeKernel {
     ipsetSave: "",
     iptablesSave: { nat: "", filter: "" },
     ipvsadmList: "",
+    natServices: null,
     ...over,
   };
 }
@@ -49,6 +55,14 @@ export function kernelRunner(
     if (c.cmd === "ipvsadm" && a === "-S -n") return { stdout: k.ipvsadmSave };
     if (c.cmd === "ipvsadm" && a.startsWith("-L -n")) return { stdout: k.ipvsadmList };
     if (c.cmd === "ipset" && a === "save") return { stdout: k.ipsetSave };
+    if (c.cmd.endsWith("-restore") && c.stdin.includes("*nat\n")) {
+      k.natServices = c.stdin.split("\n").filter((l) => l.startsWith("-A KUBE-SERVICES "));
+      return undefined;
+    }
+    if (/^ip6?tables$/.test(c.cmd) && a.endsWith("-t nat -S KUBE-SERVICES")) {
+      if (k.natServices === null) return { code: 1, stderr: "iptables: No chain/target/match by that name." };
+      return { stdout: ["-N KUBE-SERVICES", ...k.natServices, ""].join("\n") };
+    }
     if (c.cmd.endsWith("-save") && c.args[0] === "-t") {
       return { stdout: k.iptablesSave[c.args[1] as "nat" | "filter"] ?? "" };
     }
