@@ -108,6 +108,17 @@ function attribute(attrs: string, name: string): string | undefined {
 }
 
 /**
+ * The test files `deno test` ran at least one test of, from its "running N tests from ./path" lines. A file's
+ * tests may be registered by a module it imports (the packet suite is defined in tests/packets/suite.ts), and
+ * the JUnit report names that module, so which files ran is read from these lines, not from the report.
+ */
+export function filesWithTests(output: string): Set<string> {
+  const files = new Set<string>();
+  for (const m of output.matchAll(/^running ([1-9]\d*) tests? from (\S+?)\r?$/gm)) files.add(m[2]);
+  return files;
+}
+
+/**
  * The test cases of a JUnit report as `deno test --junit-path` writes it: one `<testcase>` per test and
  * per step, with a `<failure>` or `<skipped/>` child. Throws on a report with no `<testsuites>` root.
  */

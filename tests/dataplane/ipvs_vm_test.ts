@@ -8,6 +8,7 @@
 
 import assert from "node:assert/strict";
 import {
+  filesWithTests,
   findVmTestFiles,
   ipvsVmUnavailableReason,
   parseDenoJUnit,
@@ -34,7 +35,7 @@ privilegedTest(unavailable, {
         if (c.outcome === "ignored") throw new Error("ignored inside the VM, where every VM test must run");
       });
     }
-    const ran = new Set(run.cases.map((c) => c.file.replace(/^\.\//, PROJECT_ROOT)));
+    const ran = new Set([...filesWithTests(run.output)].map((f) => f.replace(/^\.\//, PROJECT_ROOT)));
     for (const file of files) assert.ok(ran.has(file), `no test of ${file} ran in the VM (exit ${run.code})`);
     assert.equal(
       run.code,
@@ -42,6 +43,20 @@ privilegedTest(unavailable, {
       `deno test in the VM exited ${run.code} (its output is above, lines starting "[vm] ")`,
     );
   },
+});
+
+Deno.test("ipvs VM: a file ran when deno test ran tests from it, wherever they were registered", () => {
+  const output = [
+    "[vm] noise running 3 tests from ./tests/x_vmtest.ts",
+    "running 6 tests from ./tests/dataplane/ipvs/kernel_vmtest.ts",
+    "running 1 test from ./tests/packets/ipvs_vmtest.ts\r",
+    "running 0 tests from ./tests/empty_vmtest.ts",
+    "packets (ipvs): the agent's rules carry real traffic ... ok (1m33s)",
+  ].join("\n");
+  assert.deepEqual(
+    [...filesWithTests(output)],
+    ["./tests/dataplane/ipvs/kernel_vmtest.ts", "./tests/packets/ipvs_vmtest.ts"],
+  );
 });
 
 Deno.test("ipvs VM: parseDenoJUnit reads Deno's report of tests, steps, failures and ignored tests", () => {
