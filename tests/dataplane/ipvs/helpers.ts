@@ -1,5 +1,9 @@
 /** A fake kernel for the ipvs dataplane tests: answers the reads of a full sync and records the batches. */
-import { type RecordedCall, RecordingCommandRunner } from "../../../lib/exec.ts";
+import { type CommandRunner, type RecordedCall, RecordingCommandRunner } from "../../../lib/exec.ts";
+import type { ProxyOptions } from "../../../lib/config/command.ts";
+import { defaultConfiguration } from "../../../lib/config/defaults.ts";
+import type { ModeContext } from "../../../lib/dataplane/mode.ts";
+import { log } from "../../../lib/log.ts";
 import { IpvsDataplane, type IpvsDataplaneOptions } from "../../../lib/dataplane/ipvs/dataplane.ts";
 import { iptablesTools } from "../../../lib/dataplane/iptables_backend.ts";
 import { FakeClock } from "../../../lib/proxy/clock.ts";
@@ -94,4 +98,32 @@ export function inputs(r: RecordingCommandRunner, cmd: string, firstArg?: string
 /** `cmd args` of every call. */
 export function commandLines(r: RecordingCommandRunner): string[] {
   return r.calls.map((c) => [c.cmd, ...c.args].join(" "));
+}
+
+/**
+ * A ModeContext for the ipvs mode's start-up probe and dataplanes: default configuration with `ipvs` changes,
+ * detect-local by the cluster CIDR 10.244.0.0/16, node IP 192.168.0.2; Events are collected in `events`.
+ */
+export function modeContext(runner: CommandRunner, ipvs: Partial<ProxyOptions["config"]["ipvs"]> = {}) {
+  const config = defaultConfiguration();
+  Object.assign(config.ipvs, ipvs);
+  const events: [string, string][] = [];
+  const ctx: ModeContext = {
+    runner,
+    options: {
+      config,
+      mode: "ipvs",
+      detectLocalMode: "ClusterCIDR",
+      clusterCIDRs: ["10.244.0.0/16"],
+      nodePortAddresses: [],
+      masqueradeBit: 14,
+      masqueradeAll: false,
+    } as unknown as ProxyOptions,
+    nodeIPs: ["192.168.0.2"],
+    podCIDRs: [],
+    primaryFamily: "IPv4",
+    logger: log,
+    warningEvent: (reason, note) => events.push([reason, note]),
+  };
+  return { ctx, events };
 }

@@ -8,37 +8,11 @@ import {
   versionAtLeast,
 } from "../../../lib/dataplane/ipvs/mode.ts";
 import { ModeUnavailableError } from "../../../lib/dataplane/mode.ts";
-import type { ModeContext } from "../../../lib/dataplane/mode.ts";
-import { configureLogging, log } from "../../../lib/log.ts";
-import { defaultConfiguration } from "../../../lib/config/defaults.ts";
-import type { ProxyOptions } from "../../../lib/config/command.ts";
+import { configureLogging } from "../../../lib/log.ts";
+import { modeContext } from "./helpers.ts";
 
 const logs: string[] = [];
 configureLogging({ sink: (l) => logs.push(l) });
-
-function context(r: RecordingCommandRunner, ipvs: Partial<ProxyOptions["config"]["ipvs"]> = {}) {
-  const config = defaultConfiguration();
-  Object.assign(config.ipvs, ipvs);
-  const events: [string, string][] = [];
-  const ctx: ModeContext = {
-    runner: r,
-    options: {
-      config,
-      mode: "ipvs",
-      detectLocalMode: "ClusterCIDR",
-      clusterCIDRs: ["10.0.0.0/8"],
-      nodePortAddresses: [],
-      masqueradeBit: 14,
-      masqueradeAll: false,
-    } as unknown as ProxyOptions,
-    nodeIPs: ["192.168.0.2"],
-    podCIDRs: [],
-    primaryFamily: "IPv4",
-    logger: log,
-    warningEvent: (reason, note) => events.push([reason, note]),
-  };
-  return { ctx, events };
-}
 
 const healthy = (
   extra: (cmd: string, args: string) => { code?: number; stdout?: string; stderr?: string } | undefined =
@@ -74,7 +48,7 @@ Deno.test("checkHost: a kernel without IPVS is a clear ModeUnavailableError", as
       }
       : undefined
   );
-  const { ctx, events } = context(r);
+  const { ctx, events } = modeContext(r);
   const err = await newIpvsMode().checkHost(ctx).catch((e) => e);
   assert.ok(err instanceof ModeUnavailableError);
   assert.equal(
@@ -89,7 +63,7 @@ Deno.test("checkHost: an old ipset and a missing scheduler are refused with upst
   const old = healthy((cmd, a) =>
     cmd === "ipset" && a === "--version" ? { stdout: "ipset v5.4\n" } : undefined
   );
-  let err = await newIpvsMode().checkHost(context(old).ctx).catch((e) => e);
+  let err = await newIpvsMode().checkHost(modeContext(old).ctx).catch((e) => e);
   assert.equal(
     err.message,
     "can't use the IPVS proxier: ipset version: v5.4 is less than min required version: 6.0",
@@ -99,7 +73,7 @@ Deno.test("checkHost: an old ipset and a missing scheduler are refused with upst
       ? { code: 2, stderr: "Scheduler or persistence engine not found\n" }
       : undefined
   );
-  err = await newIpvsMode().checkHost(context(noSched, { scheduler: "mh" }).ctx).catch((e) => e);
+  err = await newIpvsMode().checkHost(modeContext(noSched, { scheduler: "mh" }).ctx).catch((e) => e);
   assert.match(
     err.message,
     /dummy virtual server with scheduler "mh": Scheduler or persistence engine not found/,
@@ -108,7 +82,7 @@ Deno.test("checkHost: an old ipset and a missing scheduler are refused with upst
 
 Deno.test("checkHost: probes the scheduler with a dummy virtual server, warns of the deprecation with an Event", async () => {
   const r = healthy();
-  const { ctx, events } = context(r);
+  const { ctx, events } = modeContext(r);
   await newIpvsMode().checkHost(ctx);
   const lines = r.calls.map((c) => [c.cmd, ...c.args].join(" "));
   assert.deepEqual(lines.slice(0, 4), [
@@ -125,7 +99,7 @@ Deno.test("checkHost: an existing virtual server with the scheduler skips the du
   const r = healthy((cmd, a) =>
     cmd === "ipvsadm" && a === "-S -n" ? { stdout: "-A -t 10.96.0.1:443 -s rr\n" } : undefined
   );
-  await newIpvsMode().checkHost(context(r).ctx);
+  await newIpvsMode().checkHost(modeContext(r).ctx);
   assert.ok(!r.calls.some((c) => c.args[0] === "-A"));
 });
 
@@ -144,7 +118,12 @@ Deno.test("createDataplanes: upstream's sysctls (strict ARP), conn_reuse_mode on
     if (c.cmd === "sysctl" && c.args[0] === "-n") return { stdout: (written.get(c.args[1]) ?? "9") + "\n" };
     return undefined;
   };
-  const { ctx } = context(r, { strictARP: true, tcpTimeout: 900_000, tcpFinTimeout: 0, udpTimeout: 300_000 });
+  const { ctx } = modeContext(r, {
+    strictARP: true,
+    tcpTimeout: 900_000,
+    tcpFinTimeout: 0,
+    udpTimeout: 300_000,
+  });
   const dps = await newIpvsMode({ kernelRelease: () => "5.4.0-100-generic" }).createDataplanes(ctx, ["IPv4"]);
   assert.equal(dps.size, 1);
   const writes = r.calls.filter((c) => c.args[0] === "-w" || c.args[0] === "--set").map((c) =>

@@ -9,41 +9,15 @@
 import assert from "node:assert/strict";
 import { newIpvsMode } from "../../../lib/dataplane/ipvs/mode.ts";
 import { ModeUnavailableError } from "../../../lib/dataplane/mode.ts";
-import type { ModeContext } from "../../../lib/dataplane/mode.ts";
-import type { ProxyOptions } from "../../../lib/config/command.ts";
-import { defaultConfiguration } from "../../../lib/config/defaults.ts";
 import { configureLogging, log } from "../../../lib/log.ts";
 import { makeState, snapshot } from "../../../testkit/fixtures.ts";
 import { ipvsKernelUnavailableReason } from "../../../testkit/ipvs_vm.ts";
 import { type NetnsRunner, withNetns } from "../../../testkit/netns.ts";
+import { modeContext } from "./helpers.ts";
 
 configureLogging({ sink: () => {} });
 const unavailable = ipvsKernelUnavailableReason(["iptables-save"]);
 if (unavailable) console.log(`ipvs mode kernel tests skipped: ${unavailable}`);
-
-function context(runner: NetnsRunner, ipvs: Partial<ProxyOptions["config"]["ipvs"]> = {}) {
-  const config = defaultConfiguration();
-  Object.assign(config.ipvs, ipvs);
-  const events: [string, string][] = [];
-  const ctx: ModeContext = {
-    runner,
-    options: {
-      config,
-      mode: "ipvs",
-      detectLocalMode: "ClusterCIDR",
-      clusterCIDRs: ["10.244.0.0/16"],
-      nodePortAddresses: [],
-      masqueradeBit: 14,
-      masqueradeAll: false,
-    } as unknown as ProxyOptions,
-    nodeIPs: ["192.168.0.2"],
-    podCIDRs: [],
-    primaryFamily: "IPv4",
-    logger: log,
-    warningEvent: (reason, note) => events.push([reason, note]),
-  };
-  return { ctx, events };
-}
 
 async function out(ns: NetnsRunner, cmd: string, ...args: string[]): Promise<string> {
   return (await ns.run({ cmd, args })).stdout;
@@ -55,7 +29,7 @@ Deno.test({
   fn: () =>
     withNetns(async (ns) => {
       for (const scheduler of ["", "mh", "wrr"]) {
-        const { ctx, events } = context(ns, { scheduler });
+        const { ctx, events } = modeContext(ns, { scheduler });
         await newIpvsMode().checkHost(ctx);
         assert.equal(events.length, 1, "the deprecation Event");
         assert.equal((await out(ns, "ipvsadm", "-S", "-n")).trim(), "", `${scheduler}: no dummy left`);
@@ -68,7 +42,7 @@ Deno.test({
   ignore: unavailable !== undefined,
   fn: () =>
     withNetns(async (ns) => {
-      const err = await newIpvsMode().checkHost(context(ns, { scheduler: "nosuch" }).ctx).catch((e) => e);
+      const err = await newIpvsMode().checkHost(modeContext(ns, { scheduler: "nosuch" }).ctx).catch((e) => e);
       assert.ok(err instanceof ModeUnavailableError, String(err));
       assert.match(
         err.message,
@@ -83,7 +57,7 @@ Deno.test({
   ignore: unavailable !== undefined,
   fn: () =>
     withNetns(async (ns) => {
-      const { ctx } = context(ns, {
+      const { ctx } = modeContext(ns, {
         strictARP: true,
         tcpTimeout: 900_000,
         tcpFinTimeout: 0,
@@ -115,7 +89,7 @@ Deno.test({
     withNetns(async (ns) => {
       await ns.run({ cmd: "ip", args: ["link", "add", "eth0", "type", "veth", "peer", "name", "eth1"] });
       await ns.run({ cmd: "ip", args: ["addr", "add", "192.168.0.2/24", "dev", "eth0"] });
-      const { ctx } = context(ns);
+      const { ctx } = modeContext(ns);
       const mode = newIpvsMode();
       await mode.checkHost(ctx);
       const dp = (await mode.createDataplanes(ctx, ["IPv4"])).get("IPv4")!;
