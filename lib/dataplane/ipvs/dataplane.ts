@@ -70,6 +70,8 @@ export interface IpvsDataplaneOptions {
   drainCheckIntervalMs?: number;
   clock?: Clock;
   logger?: Logger;
+  /** Keep the last sync's batches in `lastBatches` (tests, benches). Default false. */
+  keepLastBatches?: boolean;
 }
 
 /** Kernel programs the dataplane ran in one sync, with their input (tests, debugging). */
@@ -120,7 +122,7 @@ export class IpvsDataplane implements Dataplane {
   private needFull = true;
   private everSynced = false;
   private lock: Promise<unknown> = Promise.resolve();
-  /** The batches of the last sync (tests, debugging). */
+  /** The batches of the last sync, kept only with the `keepLastBatches` option (tests, benches). */
   lastBatches: IpvsBatches | null = null;
 
   constructor(opts: IpvsDataplaneOptions) {
@@ -294,7 +296,8 @@ export class IpvsDataplane implements Dataplane {
       ? rules
       : null;
     const generateMs = performance.now() - tGen;
-    this.lastBatches = { ipset, ipvsadm, iptables, ip };
+    // A full sync's batches are several MiB at 10k Services: not kept unless asked for.
+    if (this.opts.keepLastBatches) this.lastBatches = { ipset, ipvsadm, iptables, ip };
 
     const tApply = performance.now();
     let bytes = 0;
