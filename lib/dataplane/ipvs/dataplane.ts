@@ -35,7 +35,6 @@ import { IPVS_JUMP_RULES, renderIpvsIptables } from "./iptables_rules.ts";
 import {
   deleteRealServerLine,
   deleteServiceLine,
-  type KernelVirtualServer,
   keyAddress,
   keyProtocol,
   parseIpvsadmList,
@@ -43,6 +42,7 @@ import {
   realServerLine,
   sameDef,
   serviceLine,
+  type VirtualServerDef,
 } from "./ipvsadm.ts";
 import { type PortRendering, type RenderContext, renderPort, type WantedVirtualServer } from "./render.ts";
 
@@ -84,6 +84,25 @@ export interface IpvsBatches {
 
 const IPVSADM_TIMEOUT = 300_000;
 
+/**
+ * A virtual server of the kernel model. `reals` is the wanted rendering's own (sorted, never mutated) array when
+ * the kernel has exactly those real servers, all with weight 1, the usual case, which then costs no Map per
+ * virtual server; otherwise a Map of real server → weight.
+ */
+interface ModelVirtualServer {
+  def: VirtualServerDef;
+  reals: readonly string[] | Map<string, number>;
+}
+
+/** The weights of a model virtual server's real servers as a Map (made from the shared array form). */
+function realsMap(k: ModelVirtualServer): Map<string, number> {
+  if (k.reals instanceof Map) return k.reals;
+  const m = new Map<string, number>();
+  for (const rs of k.reals) m.set(rs, 1);
+  k.reals = m;
+  return m;
+}
+
 /** ipvs dataplane for one IP family. */
 export class IpvsDataplane implements Dataplane {
   readonly family: IPFamily;
@@ -109,7 +128,7 @@ export class IpvsDataplane implements Dataplane {
   private ctx: RenderContext | null = null;
 
   // What the kernel has (as far as we know).
-  private kernelVS = new Map<string, KernelVirtualServer>();
+  private kernelVS = new Map<string, ModelVirtualServer>();
   private kernelSets = new Map<SetKey, Set<string>>();
   private kernelAddrs = new Set<string>();
   private dummyExists = false;
@@ -394,7 +413,7 @@ export class IpvsDataplane implements Dataplane {
     this.nodeAddresses = addrs.others;
 
     const v = await this.runner.run({ cmd: "ipvsadm", args: ["-S", "-n"], timeoutMs: IPVSADM_TIMEOUT });
-    this.kernelVS = new Map();
+    this.kernelVS = new Map<string, ModelVirtualServer>();
     for (const [key, vs] of parseIpvsadmSave(v.stdout)) {
       if (familyOf(keyAddress(key)) === this.family) this.kernelVS.set(key, vs);
     }
@@ -523,29 +542,32 @@ export class IpvsDataplane implements Dataplane {
       out += serviceLine("-E", key, want.def);
       k.def = want.def;
     }
+    // The kernel has the wanted array's real servers, all with weight 1 (nothing of the key is draining).
+    if (k.reals === want.reals) return out;
+    const reals = realsMap(k);
     const drain = this.draining.get(key);
     for (const rs of want.reals) {
-      const w = k.reals.get(rs);
+      const w = reals.get(rs);
       if (w === undefined) out += realServerLine("-a", key, rs, 1);
       else if (w !== 1) out += realServerLine("-e", key, rs, 1);
       else continue;
-      k.reals.set(rs, 1);
+      reals.set(rs, 1);
       drain?.delete(rs);
     }
-    if (k.reals.size > want.reals.length) {
+    if (reals.size > want.reals.length) {
       const keep = new Set(want.reals);
       const graceful = keyProtocol(key) === "TCP";
-      for (const [rs, w] of k.reals) {
+      for (const [rs, w] of reals) {
         if (keep.has(rs)) continue;
         if (!graceful) {
           // UDP and SCTP: no graceful termination, as upstream (expire_nodest_conn drops their flows).
           out += deleteRealServerLine(key, rs);
-          k.reals.delete(rs);
+          reals.delete(rs);
           continue;
         }
         if (w !== 0) {
           out += realServerLine("-e", key, rs, 0);
-          k.reals.set(rs, 0);
+          reals.set(rs, 0);
         }
         let d = this.draining.get(key);
         if (!d) this.draining.set(key, d = new Set());
@@ -553,6 +575,8 @@ export class IpvsDataplane implements Dataplane {
       }
     }
     if (drain?.size === 0) this.draining.delete(key);
+    // Every wanted real server has weight 1 and nothing else is left (none draining): share the wanted array.
+    if (reals.size === want.reals.length && !this.draining.has(key)) k.reals = want.reals;
     return out;
   }
 
@@ -712,7 +736,8 @@ export class IpvsDataplane implements Dataplane {
       for (const [key, rs] of gone) {
         this.draining.get(key)?.delete(rs);
         if (this.draining.get(key)?.size === 0) this.draining.delete(key);
-        this.kernelVS.get(key)?.reals.delete(rs);
+        const k = this.kernelVS.get(key);
+        if (k) realsMap(k).delete(rs);
         deleted.push(`${key} -r ${rs}`);
         this.log.info("Removed real server from graceful delete real server list", {
           realServer: `${key} -r ${rs}`,
