@@ -115,13 +115,15 @@ export class IpvsDataplane implements Dataplane {
 
   // What is wanted (rendered ports and reference counts).
   private readonly ports = new Map<string, PortRendering>();
-  private readonly byService = new Map<string, Set<string>>();
+  /** Service port names by Service (a plain string for the usual single port). */
+  private readonly byService = new Map<string, string | string[]>();
   /**
-   * Wanted virtual servers by key, each with the service ports that want it (in the order they claimed it):
-   * two Services may name the same address and port (an externalIP listed twice); the last claim is
-   * programmed, and when it goes the previous one is, as long as one remains.
+   * Wanted virtual servers by key, each with the names of the service ports that want it (in the order they
+   * claimed it; a plain string for the usual single claim): two Services may name the same address and port
+   * (an externalIP listed twice); the last claim is programmed, and when it goes the previous one is, as long
+   * as one remains. The claim's virtual server is read from the port's rendering.
    */
-  private readonly wantedVS = new Map<string, Map<string, WantedVirtualServer>>();
+  private readonly wantedVS = new Map<string, string | string[]>();
   private readonly wantedSets = new Map<SetKey, Map<string, number>>();
   private readonly wantedAddrs = new Map<string, number>();
   private readonly outFilters = new Map<string, string>();
@@ -263,14 +265,13 @@ export class IpvsDataplane implements Dataplane {
         this.ports.set(name, next);
         this.ref(name, next, touchedVS, touchedEntries, touchedAddrs);
         const key = next.state.info.serviceKey;
-        let s = this.byService.get(key);
-        if (!s) this.byService.set(key, s = new Set());
-        s.add(name);
+        if (prev?.state.info.serviceKey !== key) {
+          if (prev) removeName(this.byService, prev.state.info.serviceKey, name);
+          addName(this.byService, key, name);
+        }
       } else {
         this.ports.delete(name);
-        const key = prev!.state.info.serviceKey;
-        this.byService.get(key)?.delete(name);
-        if (this.byService.get(key)?.size === 0) this.byService.delete(key);
+        removeName(this.byService, prev!.state.info.serviceKey, name);
       }
     };
     const consider = (name: string) => {
@@ -288,7 +289,9 @@ export class IpvsDataplane implements Dataplane {
       for (const name of [...this.ports.keys()]) if (!snapshot.servicePorts.has(name)) consider(name);
     } else {
       for (const svc of snapshot.changedServices!) {
-        for (const name of [...(this.byService.get(svc) ?? [])]) consider(name);
+        const names = this.byService.get(svc);
+        if (typeof names === "string") consider(names);
+        else if (names) { for (const name of [...names]) consider(name); }
       }
       for (const [name, st] of snapshot.servicePorts) {
         if (snapshot.changedServices!.has(st.info.serviceKey)) consider(name);
@@ -449,10 +452,8 @@ export class IpvsDataplane implements Dataplane {
     addrs: string[],
   ): void {
     for (const w of p.vs) {
-      let owners = this.wantedVS.get(w.key);
-      if (!owners) this.wantedVS.set(w.key, owners = new Map());
-      owners.delete(name);
-      owners.set(name, w);
+      removeName(this.wantedVS, w.key, name);
+      addName(this.wantedVS, w.key, name);
       vs.push(w.key);
     }
     for (const [k, e] of p.sets) {
@@ -480,13 +481,7 @@ export class IpvsDataplane implements Dataplane {
     entries: [SetKey, string][],
     addrs: string[],
   ): void {
-    for (const w of p.vs) {
-      const owners = this.wantedVS.get(w.key);
-      if (owners?.delete(name)) {
-        if (owners.size === 0) this.wantedVS.delete(w.key);
-        vs.push(w.key);
-      }
-    }
+    for (const w of p.vs) if (removeName(this.wantedVS, w.key, name)) vs.push(w.key);
     for (const [k, e] of p.sets) {
       const m = this.wantedSets.get(k)!;
       const n = (m.get(e) ?? 1) - 1;
@@ -514,11 +509,13 @@ export class IpvsDataplane implements Dataplane {
     return this.exclude.some((c) => cidrContains(c, ip));
   }
 
-  /** The wanted virtual server of a key: its last claim. */
+  /** The wanted virtual server of a key: its last claim (the claiming port's last virtual server of the key). */
   private currentVS(key: string): WantedVirtualServer | undefined {
-    let last: WantedVirtualServer | undefined;
-    for (const w of this.wantedVS.get(key)?.values() ?? []) last = w;
-    return last;
+    const names = this.wantedVS.get(key);
+    if (names === undefined) return undefined;
+    const vs = this.ports.get(typeof names === "string" ? names : names[names.length - 1])?.vs ?? [];
+    for (let i = vs.length - 1; i >= 0; i--) if (vs[i].key === key) return vs[i];
+    return undefined;
   }
 
   /** Lines that make one virtual server in the kernel what is wanted (the kernel model follows). */
@@ -747,6 +744,30 @@ export class IpvsDataplane implements Dataplane {
       return deleted;
     });
   }
+}
+
+/** Appends `name` to the names under `key` (a plain string while there is one). */
+function addName(m: Map<string, string | string[]>, key: string, name: string): void {
+  const have = m.get(key);
+  if (have === undefined) m.set(key, name);
+  else if (typeof have === "string") m.set(key, [have, name]);
+  else have.push(name);
+}
+
+/** Removes `name` from the names under `key`; true when it was there. */
+function removeName(m: Map<string, string | string[]>, key: string, name: string): boolean {
+  const have = m.get(key);
+  if (have === undefined) return false;
+  if (typeof have === "string") {
+    if (have !== name) return false;
+    m.delete(key);
+    return true;
+  }
+  const i = have.indexOf(name);
+  if (i < 0) return false;
+  have.splice(i, 1);
+  if (have.length === 1) m.set(key, have[0]);
+  return true;
 }
 
 /** The number of `-A <chain> ` rules in iptables-save/-S text. */
