@@ -456,7 +456,8 @@ export class IpvsDataplane implements Dataplane {
       addName(this.wantedVS, w.key, name);
       vs.push(w.key);
     }
-    for (const [k, e] of p.sets) {
+    for (let i = 0; i < p.sets.length; i += 2) {
+      const k = p.sets[i] as SetKey, e = p.sets[i + 1];
       const m = this.wantedSets.get(k)!;
       m.set(e, (m.get(e) ?? 0) + 1);
       entries.push([k, e]);
@@ -482,7 +483,8 @@ export class IpvsDataplane implements Dataplane {
     addrs: string[],
   ): void {
     for (const w of p.vs) if (removeName(this.wantedVS, w.key, name)) vs.push(w.key);
-    for (const [k, e] of p.sets) {
+    for (let i = 0; i < p.sets.length; i += 2) {
+      const k = p.sets[i] as SetKey, e = p.sets[i + 1];
       const m = this.wantedSets.get(k)!;
       const n = (m.get(e) ?? 1) - 1;
       if (n <= 0) m.delete(e);
