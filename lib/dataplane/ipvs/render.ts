@@ -139,5 +139,13 @@ export function renderPort(st: ServicePortState, ctx: RenderContext): PortRender
   if (!skipHealthCheck && info.healthCheckNodePort !== 0) {
     member("KUBE-HEALTH-CHECK-NODE-PORT", String(info.healthCheckNodePort));
   }
-  return { state: st, ctx, vs, sets, bind, outFilter: outFilter.map(outFilterRule).join("") };
+  // Kept until the port changes: copies of exact length (arrays grown by push keep 16 or more slots).
+  return {
+    state: st,
+    ctx,
+    vs: vs.slice(),
+    sets: sets.slice(),
+    bind: bind.slice(),
+    outFilter: outFilter.map(outFilterRule).join(""),
+  };
 }
