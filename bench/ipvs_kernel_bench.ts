@@ -140,6 +140,7 @@ async function measure(n: number): Promise<SyncFigures[]> {
         localDetector: detectLocalByCIDR("10.128.0.0/9"),
         // The drain checks run when the bench says (timed apart), not on a timer inside a measured sync.
         clock: new FakeClock(0),
+        keepLastBatches: true,
       });
     const all = states(n, 10);
     const record = async (kind: string, dp: IpvsDataplane, st: ServicePortState[], changed?: string[]) => {

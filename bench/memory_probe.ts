@@ -4,12 +4,18 @@
  * payload, then partial syncs of one-endpoint changes. The runner discards what it is given (a streamed payload
  * is drained chunk by chunk, so that it is generated) and answers nft's listings with an empty table.
  * Run: `deno run -A --v8-flags=--expose-gc bench/memory_probe.ts [services] [endpoints] [changed per sync]`;
- * `MODE=nftables` for the nftables dataplane.
+ * `MODE=nftables` for the nftables dataplane, `MODE=ipvs` for the ipvs one (the runner then answers the reads of a
+ * full sync with an empty kernel: a kube-ipvs0 dummy interface without addresses, no virtual servers, no sets,
+ * empty iptables tables).
  */
 import type { CommandResult, CommandRunner, CommandSpec } from "../lib/exec.ts";
 import { getHeapStatistics as v8h } from "node:v8";
 import { IptablesDataplane } from "../lib/dataplane/iptables/dataplane.ts";
 import { NftablesDataplane } from "../lib/dataplane/nftables/dataplane.ts";
+import { IpvsDataplane } from "../lib/dataplane/ipvs/dataplane.ts";
+import { iptablesTools } from "../lib/dataplane/iptables_backend.ts";
+import { detectLocalByCIDR } from "../lib/dataplane/iptables_local_detector.ts";
+import { FakeClock } from "../lib/proxy/clock.ts";
 import {
   type Informer,
   keepEndpointSliceIdentity,
@@ -58,6 +64,22 @@ function step(label: string): void {
 }
 
 const EMPTY_NFT_LIST = '{"nftables": [{"metainfo": {"json_schema_version": 1}}]}';
+/** `ip -j addr show` of a node with an empty kube-ipvs0. */
+const IP_ADDR_JSON = JSON.stringify([
+  { ifname: "lo", addr_info: [{ family: "inet", local: "127.0.0.1" }] },
+  { ifname: "eth0", addr_info: [{ family: "inet", local: "10.250.0.2" }] },
+  { ifname: "kube-ipvs0", addr_info: [] },
+]);
+const EMPTY_TABLE = (t: string) => `*${t}\nCOMMIT\n`;
+
+/** What the runner answers to a read (empty kernel); "" for everything else. */
+function answer(spec: CommandSpec): string {
+  const a = spec.args.join(" ");
+  if (spec.cmd === "nft" && spec.args.includes("--json")) return EMPTY_NFT_LIST;
+  if (spec.cmd === "ip" && a === "-j addr show") return IP_ADDR_JSON;
+  if (spec.cmd.endsWith("-save") && spec.args[0] === "-t") return EMPTY_TABLE(spec.args[1]);
+  return ""; // ipvsadm -S -n, ipset save, ipvsadm -L -n: nothing
+}
 
 class NullRunner implements CommandRunner {
   /** Bytes of stdin drained by the last call. */
@@ -69,8 +91,7 @@ class NullRunner implements CommandRunner {
       for (const chunk of s) n += chunk.length;
       this.lastStdin = n;
     } else if (s !== undefined) this.lastStdin = s.length;
-    const stdout = spec.cmd === "nft" && spec.args.includes("--json") ? EMPTY_NFT_LIST : "";
-    return Promise.resolve({ code: 0, stdout, stderr: "" });
+    return Promise.resolve({ code: 0, stdout: answer(spec), stderr: "" });
   }
   run(spec: CommandSpec): Promise<CommandResult> {
     return this.tryRun(spec);
@@ -81,7 +102,7 @@ class NullRunner implements CommandRunner {
 class Timed implements Dataplane {
   readonly family = "IPv4" as const;
   waiter: ((r: SyncResult) => void) | null = null;
-  constructor(readonly inner: IptablesDataplane | NftablesDataplane) {}
+  constructor(readonly inner: IptablesDataplane | NftablesDataplane | IpvsDataplane) {}
   async sync(s: ProxySnapshot): Promise<SyncResult> {
     const r = Deno.env.get("NULL_DATAPLANE")
       ? { full: s.changedServices === null, payloadBytes: 0, generateMs: 0, applyMs: 0 }
@@ -146,6 +167,15 @@ const MODE = Deno.env.get("MODE") ?? "iptables";
 const dp = new Timed(
   MODE === "nftables"
     ? new NftablesDataplane({ family: "IPv4", runner: new NullRunner(), nodeAddresses: [] })
+    : MODE === "ipvs"
+    ? new IpvsDataplane({
+      family: "IPv4",
+      runner: new NullRunner(),
+      iptables: iptablesTools("system", "IPv4"),
+      localDetector: detectLocalByCIDR("10.128.0.0/9"),
+      // No drain check on a timer inside the probe (the null kernel has no connections anyway).
+      clock: new FakeClock(0),
+    })
     : new IptablesDataplane({
       family: "IPv4",
       runner: new NullRunner(),

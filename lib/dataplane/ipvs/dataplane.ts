@@ -35,7 +35,6 @@ import { IPVS_JUMP_RULES, renderIpvsIptables } from "./iptables_rules.ts";
 import {
   deleteRealServerLine,
   deleteServiceLine,
-  type KernelVirtualServer,
   keyAddress,
   keyProtocol,
   parseIpvsadmList,
@@ -43,6 +42,7 @@ import {
   realServerLine,
   sameDef,
   serviceLine,
+  type VirtualServerDef,
 } from "./ipvsadm.ts";
 import { type PortRendering, type RenderContext, renderPort, type WantedVirtualServer } from "./render.ts";
 
@@ -70,6 +70,8 @@ export interface IpvsDataplaneOptions {
   drainCheckIntervalMs?: number;
   clock?: Clock;
   logger?: Logger;
+  /** Keep the last sync's batches in `lastBatches` (tests, benches). Default false. */
+  keepLastBatches?: boolean;
 }
 
 /** Kernel programs the dataplane ran in one sync, with their input (tests, debugging). */
@@ -81,6 +83,25 @@ export interface IpvsBatches {
 }
 
 const IPVSADM_TIMEOUT = 300_000;
+
+/**
+ * A virtual server of the kernel model. `reals` is the wanted rendering's own (sorted, never mutated) array when
+ * the kernel has exactly those real servers, all with weight 1, the usual case, which then costs no Map per
+ * virtual server; otherwise a Map of real server → weight.
+ */
+interface ModelVirtualServer {
+  def: VirtualServerDef;
+  reals: readonly string[] | Map<string, number>;
+}
+
+/** The weights of a model virtual server's real servers as a Map (made from the shared array form). */
+function realsMap(k: ModelVirtualServer): Map<string, number> {
+  if (k.reals instanceof Map) return k.reals;
+  const m = new Map<string, number>();
+  for (const rs of k.reals) m.set(rs, 1);
+  k.reals = m;
+  return m;
+}
 
 /** ipvs dataplane for one IP family. */
 export class IpvsDataplane implements Dataplane {
@@ -94,20 +115,22 @@ export class IpvsDataplane implements Dataplane {
 
   // What is wanted (rendered ports and reference counts).
   private readonly ports = new Map<string, PortRendering>();
-  private readonly byService = new Map<string, Set<string>>();
+  /** Service port names by Service (a plain string for the usual single port). */
+  private readonly byService = new Map<string, string | string[]>();
   /**
-   * Wanted virtual servers by key, each with the service ports that want it (in the order they claimed it):
-   * two Services may name the same address and port (an externalIP listed twice); the last claim is
-   * programmed, and when it goes the previous one is, as long as one remains.
+   * Wanted virtual servers by key, each with the names of the service ports that want it (in the order they
+   * claimed it; a plain string for the usual single claim): two Services may name the same address and port
+   * (an externalIP listed twice); the last claim is programmed, and when it goes the previous one is, as long
+   * as one remains. The claim's virtual server is read from the port's rendering.
    */
-  private readonly wantedVS = new Map<string, Map<string, WantedVirtualServer>>();
+  private readonly wantedVS = new Map<string, string | string[]>();
   private readonly wantedSets = new Map<SetKey, Map<string, number>>();
   private readonly wantedAddrs = new Map<string, number>();
   private readonly outFilters = new Map<string, string>();
   private ctx: RenderContext | null = null;
 
   // What the kernel has (as far as we know).
-  private kernelVS = new Map<string, KernelVirtualServer>();
+  private kernelVS = new Map<string, ModelVirtualServer>();
   private kernelSets = new Map<SetKey, Set<string>>();
   private kernelAddrs = new Set<string>();
   private dummyExists = false;
@@ -120,7 +143,7 @@ export class IpvsDataplane implements Dataplane {
   private needFull = true;
   private everSynced = false;
   private lock: Promise<unknown> = Promise.resolve();
-  /** The batches of the last sync (tests, debugging). */
+  /** The batches of the last sync, kept only with the `keepLastBatches` option (tests, benches). */
   lastBatches: IpvsBatches | null = null;
 
   constructor(opts: IpvsDataplaneOptions) {
@@ -242,14 +265,13 @@ export class IpvsDataplane implements Dataplane {
         this.ports.set(name, next);
         this.ref(name, next, touchedVS, touchedEntries, touchedAddrs);
         const key = next.state.info.serviceKey;
-        let s = this.byService.get(key);
-        if (!s) this.byService.set(key, s = new Set());
-        s.add(name);
+        if (prev?.state.info.serviceKey !== key) {
+          if (prev) removeName(this.byService, prev.state.info.serviceKey, name);
+          addName(this.byService, key, name);
+        }
       } else {
         this.ports.delete(name);
-        const key = prev!.state.info.serviceKey;
-        this.byService.get(key)?.delete(name);
-        if (this.byService.get(key)?.size === 0) this.byService.delete(key);
+        removeName(this.byService, prev!.state.info.serviceKey, name);
       }
     };
     const consider = (name: string) => {
@@ -267,7 +289,9 @@ export class IpvsDataplane implements Dataplane {
       for (const name of [...this.ports.keys()]) if (!snapshot.servicePorts.has(name)) consider(name);
     } else {
       for (const svc of snapshot.changedServices!) {
-        for (const name of [...(this.byService.get(svc) ?? [])]) consider(name);
+        const names = this.byService.get(svc);
+        if (typeof names === "string") consider(names);
+        else if (names) { for (const name of [...names]) consider(name); }
       }
       for (const [name, st] of snapshot.servicePorts) {
         if (snapshot.changedServices!.has(st.info.serviceKey)) consider(name);
@@ -294,7 +318,8 @@ export class IpvsDataplane implements Dataplane {
       ? rules
       : null;
     const generateMs = performance.now() - tGen;
-    this.lastBatches = { ipset, ipvsadm, iptables, ip };
+    // A full sync's batches are several MiB at 10k Services: not kept unless asked for.
+    if (this.opts.keepLastBatches) this.lastBatches = { ipset, ipvsadm, iptables, ip };
 
     const tApply = performance.now();
     let bytes = 0;
@@ -391,7 +416,7 @@ export class IpvsDataplane implements Dataplane {
     this.nodeAddresses = addrs.others;
 
     const v = await this.runner.run({ cmd: "ipvsadm", args: ["-S", "-n"], timeoutMs: IPVSADM_TIMEOUT });
-    this.kernelVS = new Map();
+    this.kernelVS = new Map<string, ModelVirtualServer>();
     for (const [key, vs] of parseIpvsadmSave(v.stdout)) {
       if (familyOf(keyAddress(key)) === this.family) this.kernelVS.set(key, vs);
     }
@@ -427,13 +452,12 @@ export class IpvsDataplane implements Dataplane {
     addrs: string[],
   ): void {
     for (const w of p.vs) {
-      let owners = this.wantedVS.get(w.key);
-      if (!owners) this.wantedVS.set(w.key, owners = new Map());
-      owners.delete(name);
-      owners.set(name, w);
+      removeName(this.wantedVS, w.key, name);
+      addName(this.wantedVS, w.key, name);
       vs.push(w.key);
     }
-    for (const [k, e] of p.sets) {
+    for (let i = 0; i < p.sets.length; i += 2) {
+      const k = p.sets[i] as SetKey, e = p.sets[i + 1];
       const m = this.wantedSets.get(k)!;
       m.set(e, (m.get(e) ?? 0) + 1);
       entries.push([k, e]);
@@ -458,14 +482,9 @@ export class IpvsDataplane implements Dataplane {
     entries: [SetKey, string][],
     addrs: string[],
   ): void {
-    for (const w of p.vs) {
-      const owners = this.wantedVS.get(w.key);
-      if (owners?.delete(name)) {
-        if (owners.size === 0) this.wantedVS.delete(w.key);
-        vs.push(w.key);
-      }
-    }
-    for (const [k, e] of p.sets) {
+    for (const w of p.vs) if (removeName(this.wantedVS, w.key, name)) vs.push(w.key);
+    for (let i = 0; i < p.sets.length; i += 2) {
+      const k = p.sets[i] as SetKey, e = p.sets[i + 1];
       const m = this.wantedSets.get(k)!;
       const n = (m.get(e) ?? 1) - 1;
       if (n <= 0) m.delete(e);
@@ -492,11 +511,13 @@ export class IpvsDataplane implements Dataplane {
     return this.exclude.some((c) => cidrContains(c, ip));
   }
 
-  /** The wanted virtual server of a key: its last claim. */
+  /** The wanted virtual server of a key: its last claim (the claiming port's last virtual server of the key). */
   private currentVS(key: string): WantedVirtualServer | undefined {
-    let last: WantedVirtualServer | undefined;
-    for (const w of this.wantedVS.get(key)?.values() ?? []) last = w;
-    return last;
+    const names = this.wantedVS.get(key);
+    if (names === undefined) return undefined;
+    const vs = this.ports.get(typeof names === "string" ? names : names[names.length - 1])?.vs ?? [];
+    for (let i = vs.length - 1; i >= 0; i--) if (vs[i].key === key) return vs[i];
+    return undefined;
   }
 
   /** Lines that make one virtual server in the kernel what is wanted (the kernel model follows). */
@@ -520,29 +541,32 @@ export class IpvsDataplane implements Dataplane {
       out += serviceLine("-E", key, want.def);
       k.def = want.def;
     }
+    // The kernel has the wanted array's real servers, all with weight 1 (nothing of the key is draining).
+    if (k.reals === want.reals) return out;
+    const reals = realsMap(k);
     const drain = this.draining.get(key);
     for (const rs of want.reals) {
-      const w = k.reals.get(rs);
+      const w = reals.get(rs);
       if (w === undefined) out += realServerLine("-a", key, rs, 1);
       else if (w !== 1) out += realServerLine("-e", key, rs, 1);
       else continue;
-      k.reals.set(rs, 1);
+      reals.set(rs, 1);
       drain?.delete(rs);
     }
-    if (k.reals.size > want.reals.length) {
+    if (reals.size > want.reals.length) {
       const keep = new Set(want.reals);
       const graceful = keyProtocol(key) === "TCP";
-      for (const [rs, w] of k.reals) {
+      for (const [rs, w] of reals) {
         if (keep.has(rs)) continue;
         if (!graceful) {
           // UDP and SCTP: no graceful termination, as upstream (expire_nodest_conn drops their flows).
           out += deleteRealServerLine(key, rs);
-          k.reals.delete(rs);
+          reals.delete(rs);
           continue;
         }
         if (w !== 0) {
           out += realServerLine("-e", key, rs, 0);
-          k.reals.set(rs, 0);
+          reals.set(rs, 0);
         }
         let d = this.draining.get(key);
         if (!d) this.draining.set(key, d = new Set());
@@ -550,6 +574,8 @@ export class IpvsDataplane implements Dataplane {
       }
     }
     if (drain?.size === 0) this.draining.delete(key);
+    // Every wanted real server has weight 1 and nothing else is left (none draining): share the wanted array.
+    if (reals.size === want.reals.length && !this.draining.has(key)) k.reals = want.reals;
     return out;
   }
 
@@ -709,7 +735,8 @@ export class IpvsDataplane implements Dataplane {
       for (const [key, rs] of gone) {
         this.draining.get(key)?.delete(rs);
         if (this.draining.get(key)?.size === 0) this.draining.delete(key);
-        this.kernelVS.get(key)?.reals.delete(rs);
+        const k = this.kernelVS.get(key);
+        if (k) realsMap(k).delete(rs);
         deleted.push(`${key} -r ${rs}`);
         this.log.info("Removed real server from graceful delete real server list", {
           realServer: `${key} -r ${rs}`,
@@ -719,6 +746,30 @@ export class IpvsDataplane implements Dataplane {
       return deleted;
     });
   }
+}
+
+/** Appends `name` to the names under `key` (a plain string while there is one). */
+function addName(m: Map<string, string | string[]>, key: string, name: string): void {
+  const have = m.get(key);
+  if (have === undefined) m.set(key, name);
+  else if (typeof have === "string") m.set(key, [have, name]);
+  else have.push(name);
+}
+
+/** Removes `name` from the names under `key`; true when it was there. */
+function removeName(m: Map<string, string | string[]>, key: string, name: string): boolean {
+  const have = m.get(key);
+  if (have === undefined) return false;
+  if (typeof have === "string") {
+    if (have !== name) return false;
+    m.delete(key);
+    return true;
+  }
+  const i = have.indexOf(name);
+  if (i < 0) return false;
+  have.splice(i, 1);
+  if (have.length === 1) m.set(key, have[0]);
+  return true;
 }
 
 /** The number of `-A <chain> ` rules in iptables-save/-S text. */

@@ -37,8 +37,11 @@ export interface PortRendering {
   readonly state: ServicePortState;
   readonly ctx: RenderContext;
   readonly vs: readonly WantedVirtualServer[];
-  /** Set members (a member may appear in several ports: the dataplane counts references). */
-  readonly sets: readonly (readonly [SetKey, string])[];
+  /**
+   * Set members as a flat list of set key and member, alternating (one array per port rather than one pair
+   * each); a member may appear in several ports: the dataplane counts references.
+   */
+  readonly sets: readonly string[];
   /** Addresses to bind on kube-ipvs0. */
   readonly bind: readonly string[];
   /** KUBE-IPVS-OUT-FILTER rules ("" for none). */
@@ -68,40 +71,43 @@ export function renderPort(st: ServicePortState, ctx: RenderContext): PortRender
   };
   const extLocal = st.plan.externalPolicyLocal;
   const vs: WantedVirtualServer[] = [];
-  const sets: [SetKey, string][] = [];
+  const sets: string[] = [];
+  const member = (k: SetKey, e: string) => sets.push(k, e);
   const bind: string[] = [];
   const outFilter: OutFilterEntry[] = [];
   let internalReals: readonly string[] | null = null, externalReals: readonly string[] | null = null;
   const reals = (onlyLocal: boolean) => endpointsFor(st, onlyLocal).map((e) => e.endpoint);
   const internal = () => internalReals ??= reals(info.internalPolicyLocal);
-  const external = () => externalReals ??= reals(extLocal);
+  // The same policy selects the same endpoints: one array for both (the dataplane's kernel model shares it too).
+  const external = () =>
+    externalReals ??= extLocal === info.internalPolicyLocal ? internal() : reals(extLocal);
 
   // Hairpin: every local endpoint, selected or not.
   for (const e of st.endpoints) {
-    if (e.isLocal) sets.push(["KUBE-LOOP-BACK", ipPortIPEntry(e.ip, proto, e.port, e.ip)]);
+    if (e.isLocal) member("KUBE-LOOP-BACK", ipPortIPEntry(e.ip, proto, e.port, e.ip));
   }
-  sets.push(["KUBE-CLUSTER-IP", ipPortEntry(info.clusterIP, proto, port)]);
+  member("KUBE-CLUSTER-IP", ipPortEntry(info.clusterIP, proto, port));
   vs.push({ key: serviceKey(info.protocol, info.clusterIP, port), def, reals: internal() });
   bind.push(info.clusterIP);
 
   for (const ip of info.externalIPs) {
-    sets.push([extLocal ? "KUBE-EXTERNAL-IP-LOCAL" : "KUBE-EXTERNAL-IP", ipPortEntry(ip, proto, port)]);
+    member(extLocal ? "KUBE-EXTERNAL-IP-LOCAL" : "KUBE-EXTERNAL-IP", ipPortEntry(ip, proto, port));
     vs.push({ key: serviceKey(info.protocol, ip, port), def, reals: external() });
     if (!ctx.nodeAddresses.has(ip)) bind.push(ip);
   }
 
   for (const ip of info.loadBalancerVIPs) {
     const entry = ipPortEntry(ip, proto, port);
-    sets.push(["KUBE-LOAD-BALANCER", entry]);
-    if (extLocal) sets.push(["KUBE-LOAD-BALANCER-LOCAL", entry]);
+    member("KUBE-LOAD-BALANCER", entry);
+    if (extLocal) member("KUBE-LOAD-BALANCER-LOCAL", entry);
     if (info.loadBalancerSourceRanges.length > 0) {
-      sets.push(["KUBE-LOAD-BALANCER-FW", entry]);
+      member("KUBE-LOAD-BALANCER-FW", entry);
       let allowFromNode = false;
       for (const cidr of info.loadBalancerSourceRanges) {
-        sets.push(["KUBE-LOAD-BALANCER-SOURCE-CIDR", ipPortNetEntry(ip, proto, port, cidr)]);
+        member("KUBE-LOAD-BALANCER-SOURCE-CIDR", ipPortNetEntry(ip, proto, port, cidr));
         if (ctx.nodeIP !== null && cidrContains(cidr, ctx.nodeIP)) allowFromNode = true;
       }
-      if (allowFromNode) sets.push(["KUBE-LOAD-BALANCER-SOURCE-IP", ipPortIPEntry(ip, proto, port, ip)]);
+      if (allowFromNode) member("KUBE-LOAD-BALANCER-SOURCE-IP", ipPortIPEntry(ip, proto, port, ip));
       else outFilter.push({ ip, proto, port });
     }
     vs.push({ key: serviceKey(info.protocol, ip, port), def, reals: external() });
@@ -123,15 +129,23 @@ export function renderPort(st: ServicePortState, ctx: RenderContext): PortRender
         : info.protocol === "UDP"
         ? ["KUBE-NODE-PORT-UDP", "KUBE-NODE-PORT-LOCAL-UDP"]
         : ["KUBE-NODE-PORT-SCTP-HASH", "KUBE-NODE-PORT-LOCAL-SCTP-HASH"];
-      for (const e of entries) sets.push([all, e]);
-      if (extLocal) { for (const e of entries) sets.push([local, e]); }
+      for (const e of entries) member(all, e);
+      if (extLocal) { for (const e of entries) member(local, e); }
       for (const ip of ctx.nodePortIPs) {
         vs.push({ key: serviceKey(info.protocol, ip, np), def, reals: external() });
       }
     }
   }
   if (!skipHealthCheck && info.healthCheckNodePort !== 0) {
-    sets.push(["KUBE-HEALTH-CHECK-NODE-PORT", String(info.healthCheckNodePort)]);
+    member("KUBE-HEALTH-CHECK-NODE-PORT", String(info.healthCheckNodePort));
   }
-  return { state: st, ctx, vs, sets, bind, outFilter: outFilter.map(outFilterRule).join("") };
+  // Kept until the port changes: copies of exact length (arrays grown by push keep 16 or more slots).
+  return {
+    state: st,
+    ctx,
+    vs: vs.slice(),
+    sets: sets.slice(),
+    bind: bind.slice(),
+    outFilter: outFilter.map(outFilterRule).join(""),
+  };
 }

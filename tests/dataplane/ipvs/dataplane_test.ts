@@ -449,6 +449,33 @@ Deno.test("graceful termination: a drained real server that comes back gets its 
   dp.stop();
 });
 
+Deno.test("graceful termination: after a drained real server is deleted, the model follows (same endpoints write nothing, a removed one drains)", async () => {
+  const k = fakeKernel();
+  const r = kernelRunner(k);
+  const { dp, clock } = ipvsDataplane(r);
+  const svc = (eps: { ip: string }[]) => makeState({ ns: "ns1", name: "a", clusterIP: "10.20.30.41" }, eps);
+  const two = [{ ip: "10.180.0.1" }, { ip: "10.180.0.2" }];
+  await dp.sync(snapshot([svc([...two, { ip: "10.180.0.3" }])], { nodeIPs: NODE }));
+  await dp.sync(snapshot([svc(two)], { nodeIPs: NODE, changed: ["ns1/a"] }));
+  // ipvsadm -L shows no connection left on the drained server: deleted by the check right after the sync.
+  k.ipvsadmList = "IP Virtual Server version 1.2.1 (size=4096)\nProt LocalAddress:Port Scheduler Flags\n" +
+    "  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\nTCP  10.20.30.41:80 rr\n" +
+    "  -> 10.180.0.1:80                Masq    1      0          0\n" +
+    "  -> 10.180.0.2:80                Masq    1      0          0\n" +
+    "  -> 10.180.0.3:80                Masq    0      0          0\n";
+  r.calls.length = 0;
+  await clock.advance(0);
+  assert.deepEqual(inputs(r, "ipvsadm", "-R"), ["-d -t 10.20.30.41:80 -r 10.180.0.3:80\n"]);
+  assert.deepEqual(dp.drainingRealServers(), []);
+  r.calls.length = 0;
+  await dp.sync(snapshot([svc(two)], { nodeIPs: NODE, changed: ["ns1/a"] }));
+  assert.deepEqual(inputs(r, "ipvsadm", "-R"), []);
+  await dp.sync(snapshot([svc([{ ip: "10.180.0.1" }])], { nodeIPs: NODE, changed: ["ns1/a"] }));
+  assert.deepEqual(inputs(r, "ipvsadm", "-R"), ["-e -t 10.20.30.41:80 -r 10.180.0.2:80 -m -w 0\n"]);
+  assert.deepEqual(dp.drainingRealServers(), ["-t 10.20.30.41:80 -r 10.180.0.2:80"]);
+  dp.stop();
+});
+
 Deno.test("UDP real servers are deleted at once (no graceful termination, as upstream)", async () => {
   const r = kernelRunner(fakeKernel());
   const { dp } = ipvsDataplane(r);

@@ -46,6 +46,7 @@ function dataplane(ns: NetnsRunner, family: IPFamily, o: Partial<IpvsDataplaneOp
     iptables: iptablesTools("system", family),
     localDetector: detectLocalByCIDR(family === "IPv4" ? "10.180.0.0/16" : "fd00:180::/64"),
     clock: new FakeClock(0),
+    keepLastBatches: true,
     ...o,
   });
 }
