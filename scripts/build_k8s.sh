@@ -14,12 +14,12 @@
 # binaries on its last line.
 set -euo pipefail
 
-K8S_VERSION=1.35.4
+K8S_VERSION=1.37.2
 DKP_TOOLS=${DKP_TOOLS:-$HOME/.cache/deno-kube-proxy}
 out="$DKP_TOOLS/k8s-v$K8S_VERSION"
 src="$DKP_TOOLS/k8s-src-v$K8S_VERSION"
 staging_version="v0.${K8S_VERSION#1.}"
-ETCD_VERSION=3.6.5 # what k8s.io/kubernetes v$K8S_VERSION requires
+ETCD_VERSION=3.7.0 # what k8s.io/kubernetes v$K8S_VERSION requires
 
 log() { echo "build_k8s: $*" >&2; }
 
@@ -74,13 +74,13 @@ if ! current kube-apiserver || ! current kube-proxy; then
   mkdir -p "$src/kubernetes"
   staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
     cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api cri-client
-    csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator
+    cri-streaming csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator
     kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils
-    pod-security-admission sample-apiserver sample-cli-plugin sample-controller)
+    pod-security-admission sample-apiserver sample-cli-plugin sample-controller streaming)
   {
     echo "module dkp.local/k8s-tools"
     echo
-    echo "go 1.25.0"
+    echo "go 1.26.0"
     echo
     echo "require k8s.io/kubernetes v$K8S_VERSION"
     echo
@@ -102,7 +102,7 @@ fi
 if ! current etcd; then
   rm -rf "$src/etcd"
   mkdir -p "$src/etcd"
-  printf 'module dkp.local/etcd\n\ngo 1.25.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$ETCD_VERSION" >"$src/etcd/go.mod"
+  printf 'module dkp.local/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$ETCD_VERSION" >"$src/etcd/go.mod"
   cd "$src/etcd"
   log "resolving etcd v$ETCD_VERSION"
   "$go_bin" get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >&2

@@ -21,7 +21,7 @@
 #
 # Exit code: that of the command inside the VM; 99 when the VM reported no result, 124 on timeout.
 # Environment: DKP_TOOLS; IPVS_VM_K8S (Kubernetes binaries shared read-only when the directory exists,
-# default $DKP_TOOLS/k8s-v1.35.4); IPVS_VM_MEM (MiB, default 2048); IPVS_VM_TIMEOUT (s, default 900);
+# default $DKP_TOOLS/k8s-v1.37.2); IPVS_VM_MEM (MiB, default 2048); IPVS_VM_TIMEOUT (s, default 900);
 # IPVS_VM_JUNIT=FILE (test: copy Deno's JUnit report there); IPVS_VM_KEEP=1 (keep the scratch dir).
 set -euo pipefail
 
@@ -36,7 +36,7 @@ DKP_TOOLS=${DKP_TOOLS:-$HOME/.cache/deno-kube-proxy}
 vm_dir="$DKP_TOOLS/ipvs-vm"
 VM_MEM=${IPVS_VM_MEM:-2048}
 VM_TIMEOUT=${IPVS_VM_TIMEOUT:-900}
-K8S_DIR=${IPVS_VM_K8S:-$DKP_TOOLS/k8s-v1.35.4}
+K8S_DIR=${IPVS_VM_K8S:-$DKP_TOOLS/k8s-v1.37.2}
 export PATH="$PATH:/usr/sbin:/sbin"
 
 log() { printf '[ipvs-vm %s] %s\n' "$(date +%T)" "$*" >&2; }

@@ -41,7 +41,7 @@ import { TcpToUnixRelay } from "./unix_forwarder.ts";
 import type { KubeEvent, KubeObject, Status } from "../lib/kube/types.ts";
 
 /** The Kubernetes version scripts/build_k8s.sh builds. */
-export const K8S_VERSION = "1.35.4";
+export const K8S_VERSION = "1.37.2";
 
 /** The directory holding the built kube-apiserver, kube-proxy and etcd (`$DKP_TOOLS/k8s-v<version>`). */
 export function k8sToolsDir(): string {
