@@ -71,6 +71,12 @@ export async function platformInit(opts: ProxyOptions, runner: CommandRunner): P
   });
 }
 
+/** Upstream v1.37's message when no proxy mode was set (`createProxier`, #139957), word for word. */
+export const DEFAULT_MODE_MESSAGE =
+  "No kube-proxy mode specified: defaulting to 'iptables'. Note that in Kubernetes 1.40 the default mode will " +
+  "switch to 'nftables'. If you wish to continue using 'iptables' mode, you must explicitly specify " +
+  "'mode: iptables' in the kube-proxy config file, or '--proxy-mode iptables' on the kube-proxy command line.";
+
 /**
  * Runs the agent until a signal or a fatal condition. Resolves with the process exit code.
  */
@@ -165,6 +171,11 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
         events.event(nodeRef(nodeName), "Warning", reason, "StartKubeProxy", note),
     };
     await mode.checkHost(modeContext);
+    if (cfg.mode === "" && modeName === "iptables") {
+      // v1.37 (#139957): the defaulted mode is announced, logged as an error and recorded as an Event.
+      log.error(DEFAULT_MODE_MESSAGE);
+      modeContext.warningEvent("KubeProxyDefaultMode", DEFAULT_MODE_MESSAGE);
+    }
     families = await mode.probeFamilies(modeContext);
     dataplanes = await mode.createDataplanes(modeContext, families);
   } catch (err) {

@@ -38,11 +38,11 @@ Deno.test("--help prints the long description and pflag's flag table on stdout, 
 Deno.test("--version prints the version and exits 0", async () => {
   const r = await run(["--version"]);
   assert.deepEqual(r.result, { exit: 0 });
-  assert.equal(r.stdout, "Kubernetes v1.35.0-deno-kube-proxy-0.1.0\n");
+  assert.equal(r.stdout, "Kubernetes v1.37.2-deno-kube-proxy-0.1.0\n");
   const raw = await run(["--version=raw"]);
   assert.match(
     raw.stdout,
-    /^version\.Info\{Major:"1", Minor:"35", GitVersion:"v1\.35\.0-deno-kube-proxy-0\.1\.0"/,
+    /^version\.Info\{Major:"1", Minor:"37", GitVersion:"v1\.37\.2-deno-kube-proxy-0\.1\.0"/,
   );
 });
 
