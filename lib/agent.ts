@@ -258,8 +258,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     syncPeriodMs: opts.syncPeriod,
     healthServer: health,
     serviceHealthServer: serviceHealth,
-    conntrackCleaner: async (snapshot) => {
-      await cleanStaleUDPConntrack(runner, snapshot);
+    conntrackCleaner: async (snapshot, removed) => {
+      await cleanStaleUDPConntrack(runner, snapshot, snapshot.family, removed);
     },
     onInvalidService: (svc, reason, field) => {
       events.event(

@@ -38,6 +38,7 @@ function setup(families: IPFamily[] = ["IPv4"]) {
   const clock = new FakeClock(Date.parse("2026-01-01T00:00:00Z"));
   const dps = new Map(families.map((f) => [f, new FakeDataplane(f)]));
   const cleaned: ProxySnapshot[] = [];
+  const removedUDP: string[][] = [];
   const health: string[] = [];
   const proxier = new Proxier({
     families: dps,
@@ -45,8 +46,9 @@ function setup(families: IPFamily[] = ["IPv4"]) {
     minSyncPeriodMs: 1000,
     syncPeriodMs: 30_000,
     clock,
-    conntrackCleaner: (s) => {
+    conntrackCleaner: (s, removed) => {
       cleaned.push(s);
+      removedUDP.push(removed.map((r) => `${r.clusterIP}:${r.port}/${r.protocol}`));
       return Promise.resolve();
     },
     healthServer: {
@@ -55,7 +57,7 @@ function setup(families: IPFamily[] = ["IPv4"]) {
       isHealthy: () => true,
     },
   });
-  return { clock, dp: dps.get(families[0])!, dps, proxier, cleaned, health };
+  return { clock, dp: dps.get(families[0])!, dps, proxier, cleaned, removedUDP, health };
 }
 
 Deno.test("Proxier does not sync before both Services and EndpointSlices are synced", async () => {
@@ -190,6 +192,27 @@ Deno.test("Proxier cleans conntrack only when UDP endpoints changed, and polls n
   await clock.advance(30_000);
   assert.equal(dp.snapshots.length, n + 1);
   assert.equal(dp.last.changedServices, null, "an external flush forces a full sync");
+  await proxier.stop();
+});
+
+Deno.test("Proxier cleans conntrack for a deleted UDP Service, naming its frontends (v1.38 #141371)", async () => {
+  const { clock, proxier, cleaned, removedUDP } = setup();
+  const udp = service("ns", "dns", { ports: [{ name: "dns", port: 53, protocol: "UDP" }] });
+  const tcp = service("ns", "web", { clusterIP: "172.30.1.2", clusterIPs: ["172.30.1.2"] });
+  proxier.onServiceAdd(udp);
+  proxier.onServiceAdd(tcp);
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  assert.equal(cleaned.length, 0);
+  proxier.onServiceDelete(tcp);
+  await clock.advance(1000);
+  assert.equal(cleaned.length, 0, "a deleted TCP Service needs no cleanup");
+  proxier.onServiceDelete(udp);
+  await clock.advance(1000);
+  assert.equal(cleaned.length, 1);
+  assert.deepEqual(removedUDP[0], [`${udp.spec!.clusterIP}:53/UDP`]);
   await proxier.stop();
 });
 
