@@ -107,7 +107,7 @@ export async function parseCommandLine(
   try {
     await o.complete();
   } catch (e) {
-    // ConfigLoadError, read errors, "empty hostname-override is invalid".
+    // ConfigLoadError, read errors, "empty hostname-override is invalid", refused feature gates.
     io.stderr(`Error: failed complete: ${(e as Error).message}\n`);
     return { exit: 1 };
   }
@@ -116,7 +116,7 @@ export async function parseCommandLine(
   if (l.format === "text" || l.format === "json") {
     configureLogging({ format: l.format, verbosity: l.verbosity });
   }
-  for (const w of o.featureGateWarnings()) log.warn(w);
+  for (const w of o.featureGateWarnings) log.info(w.message, { featureGate: w.featureGate, value: w.value });
   if (log.v(1).enabled) {
     for (const f of o.fs.all()) log.v(1).info(`FLAG: --${f.name}=${JSON.stringify(f.value.string())}`);
   }
@@ -145,6 +145,7 @@ export async function parseCommandLine(
     io.stderr(`Error: ${(e as Error).message}\n`);
     return { exit: 1 };
   }
+  options.flagz = Object.fromEntries(o.fs.all().map((f) => [f.name, f.value.string()]));
   log.v(2).info("Effective proxy settings", {
     mode: options.mode,
     syncPeriod: formatDuration(options.syncPeriod),
