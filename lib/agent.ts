@@ -31,6 +31,9 @@ import { Proxier } from "./proxy/proxier.ts";
 import type { Dataplane, IPFamily } from "./proxy/types.ts";
 import { ProxyHealthServer } from "./server/health.ts";
 import { MetricsServer } from "./server/metrics_server.ts";
+import { ZPages } from "./server/zpages.ts";
+import { configzObject } from "./config/load.ts";
+import { GIT_VERSION, minorVersion } from "./config/version.ts";
 import { ServiceHealthServer } from "./server/service_health.ts";
 
 /** Hooks for tests; production uses the defaults. */
@@ -70,6 +73,9 @@ export async function platformInit(opts: ProxyOptions, runner: CommandRunner): P
     udpStreamTimeoutSeconds: seconds(ct.udpStreamTimeout),
   });
 }
+
+/** The paths of the metrics listener that statusz lists (as upstream's, listed before statusz is installed). */
+const METRICS_LISTENER_PATHS = ["/configz", "/healthz", "/metrics", "/proxyMode"];
 
 /** Upstream v1.37's message when no proxy mode was set (`createProxier`, #139957), word for word. */
 export const DEFAULT_MODE_MESSAGE =
@@ -215,9 +221,25 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     health.start();
     stops.push(() => health.stop());
   }
+  // v1.37: /configz always, /flagz and /statusz behind their gates (BETA, on), on the metrics listener.
+  const gates = opts.featureGates;
+  const zpages = new ZPages({
+    configz: configzObject(cfg),
+    flagz: gates["ComponentFlagz"] ? opts.flagz : undefined,
+    statusz: gates["ComponentStatusz"]
+      ? {
+        startTime: new Date(performance.timeOrigin),
+        runtimeVersion: `deno ${Deno.version.deno}`,
+        binaryVersion: GIT_VERSION.replace(/^v/, ""),
+        emulationVersion: minorVersion(),
+        paths: [...METRICS_LISTENER_PATHS, ...(gates["ComponentFlagz"] && opts.flagz ? ["/flagz"] : [])],
+      }
+      : undefined,
+  });
   const metrics = new MetricsServer({
     bindAddress: cfg.metricsBindAddress,
     mode: opts.mode,
+    zpages,
     bindAddressHardFail: cfg.bindAddressHardFail,
     onFatal: (err) => {
       events.event(nodeRef(nodeName), "Warning", "FailedToStartMetricServer", "StartKubeProxy", err.message);

@@ -59,6 +59,23 @@ function versionInfoRaw(v: string): string {
 }
 
 /**
+ * Every flag's value for `/flagz`, as upstream reads them after Complete(): without `--config` the flags are
+ * bound to the configuration in use, so upstream's platformApplyDefaults shows through them (mode
+ * `iptables`, detectLocalMode `ClusterCIDR`, `primary` NodePort addresses in nftables mode).
+ */
+function flagzValues(o: Options): Record<string, string> {
+  const flags: Record<string, string> = Object.fromEntries(o.fs.all().map((f) => [f.name, f.value.string()]));
+  if (o.configFile === "") {
+    if (flags["proxy-mode"] === "") flags["proxy-mode"] = "iptables";
+    if (flags["detect-local-mode"] === "") flags["detect-local-mode"] = "ClusterCIDR";
+    if (flags["proxy-mode"] === "nftables" && flags["nodeport-addresses"] === "[]") {
+      flags["nodeport-addresses"] = "[primary]";
+    }
+  }
+  return flags;
+}
+
+/**
  * Parses `argv` (without the program name) as upstream `kube-proxy` does. Returns `{ exit }` when the process
  * should stop (help, version, errors, `--write-config-to`), otherwise `{ options }` for the agent to run with.
  * With `sub`, argv is a subcommand's (without its name): the agent's flags plus the subcommand's own.
@@ -145,7 +162,7 @@ export async function parseCommandLine(
     io.stderr(`Error: ${(e as Error).message}\n`);
     return { exit: 1 };
   }
-  options.flagz = Object.fromEntries(o.fs.all().map((f) => [f.name, f.value.string()]));
+  options.flagz = flagzValues(o);
   log.v(2).info("Effective proxy settings", {
     mode: options.mode,
     syncPeriod: formatDuration(options.syncPeriod),

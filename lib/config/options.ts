@@ -500,16 +500,7 @@ export class Options {
           "This flag is deprecated and will be removed in a future release. Please use --metrics-bind-address instead.",
       },
     );
-    fs.string(
-      "proxy-port-range",
-      () => cfg().portRange,
-      (v) => cfg().portRange = v,
-      "This was previously used to configure the userspace proxy, but is now unused.",
-      {
-        deprecated: "This flag has no effect and will be removed in a future release.",
-        typeName: "port-range",
-      },
-    );
+    // --proxy-port-range (deprecated, no effect) is gone in v1.37: an unknown flag, as upstream's binary says.
     this.addLoggingFlags();
     fs.add(
       "version",
