@@ -364,7 +364,7 @@ export class Proxier {
     const start = performance.now();
     const now = this.#clock.now();
     const full = f.needFullSync || f.lastFullSyncAt === null ||
-      now - f.lastFullSyncAt >= this.#fullSyncPeriodMs;
+      (now - f.lastFullSyncAt >= this.#fullSyncPeriodMs && !(f.dataplane.skipsPeriodicFullSync?.() ?? false));
     const changedServices = f.services.apply();
     const removedUDP = f.services.removedUDPPorts;
     const ep = f.endpoints.checkout();

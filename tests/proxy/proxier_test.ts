@@ -15,7 +15,12 @@ class FakeDataplane implements Dataplane {
   snapshots: ProxySnapshot[] = [];
   failNext = 0;
   flushed = false;
+  /** What skipsPeriodicFullSync() answers (the iptables dataplane's large-cluster mode). */
+  largeCluster = false;
   constructor(readonly family: IPFamily) {}
+  skipsPeriodicFullSync(): boolean {
+    return this.largeCluster;
+  }
   sync(s: ProxySnapshot): Promise<SyncResult> {
     this.snapshots.push(s);
     if (this.failNext > 0) {
@@ -214,6 +219,29 @@ Deno.test("Proxier cleans conntrack for a deleted UDP Service, naming its fronte
   assert.equal(cleaned.length, 1);
   assert.deepEqual(removedUDP[0], [`${udp.spec!.clusterIP}:53/UDP`]);
   await proxier.stop();
+});
+
+Deno.test("Proxier: the hourly full resync happens, unless the dataplane is in large-cluster mode (v1.37 #138571)", async () => {
+  for (const large of [false, true]) {
+    const { clock, dp, proxier } = setup();
+    dp.largeCluster = large;
+    proxier.onServiceAdd(service("ns", "web"));
+    proxier.onServicesSynced();
+    proxier.onEndpointSlicesSynced();
+    proxier.start();
+    await clock.advance(0);
+    assert.equal(dp.snapshots.length, 1);
+    assert.equal(dp.last.changedServices, null, "the first sync is full");
+    // Past the hour, with syncPeriod (30 s) ticks all along and no change.
+    await clock.advance(60 * 60 * 1000 + 30_000);
+    const fulls = dp.snapshots.filter((s) => s.changedServices === null).length;
+    assert.equal(fulls, large ? 1 : 2, `large-cluster mode ${large}`);
+    // A change is still synced (partially) in large-cluster mode.
+    proxier.onServiceAdd(service("ns", "api", { clusterIP: "172.30.1.9", clusterIPs: ["172.30.1.9"] }));
+    await clock.advance(1000);
+    assert.deepEqual([...dp.last.changedServices ?? []], ["ns/api"]);
+    await proxier.stop();
+  }
 });
 
 Deno.test("Proxier builds one snapshot per family from dual-stack Services and slices", async () => {
