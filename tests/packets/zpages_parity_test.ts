@@ -150,3 +150,53 @@ privilegedTest(unavailable, {
     }
   },
 });
+
+privilegedTest(unavailable, {
+  name: "/flagz off by its gate, /statusz and /configz in nftables mode: as upstream kube-proxy v1.37.2",
+  async fn() {
+    await using api = await KubeApiServer.start({ tokenUsers: ["zp-upstream", "zp-ours"] });
+    await using upSb = await Sandbox.create();
+    await using ourSb = await Sandbox.create();
+    const procs: SandboxProcess[] = [];
+    try {
+      await api.attach(upSb.node);
+      await api.attach(ourSb.node);
+      await prepareProxyUser(api, "zp-upstream", upSb);
+      await prepareProxyUser(api, "zp-ours", ourSb);
+      const kubeconfig = `${api.dir}/zpages-kubeconfig.yaml`;
+      await api.writeKubeconfig({ token: api.tokens.get("zp-upstream"), path: `${kubeconfig}.up` });
+      await api.writeKubeconfig({ token: api.tokens.get("zp-ours"), path: `${kubeconfig}.ours` });
+      const flags = [
+        "--proxy-mode=nftables",
+        "--masquerade-all",
+        "--feature-gates=ComponentFlagz=false",
+        "--iptables-sync-period=40s",
+      ];
+      procs.push(startUpstreamProxy(upSb, `${kubeconfig}.up`, flags));
+      const [cmd, ...args] = agentCommand([
+        `--kubeconfig=${kubeconfig}.ours`,
+        `--hostname-override=${LISTENER_NODE}`,
+        "--cluster-cidr=10.244.0.0/16",
+        "--conntrack-max-per-core=0",
+        ...flags,
+      ]);
+      procs.push(ourSb.spawn(ourSb.node, cmd, args));
+      const sides = [[upSb, procs[0]], [ourSb, procs[1]]] as const;
+      await Promise.all(sides.map(([sb, p]) => waitForListener(sb, sb.node, `${METRICS}/healthz`, p)));
+      const both = (url: string, h: Record<string, string> = {}) =>
+        Promise.all(sides.map(([sb]) => nsGet(sb, sb.node, url, h)));
+      const [uf, of] = await both(`${METRICS}/flagz`);
+      assert.equal(uf.status, 404);
+      assert.equal(of.status, 404);
+      const [us, os] = await both(`${METRICS}/statusz`, { accept: JSON_BETA });
+      assert.deepEqual(JSON.parse(os.body).paths, JSON.parse(us.body).paths);
+      assert.ok(!JSON.parse(us.body).paths.includes("/flagz"));
+      const sameKubeconfig = (s: string) =>
+        s.replace(/zpages-kubeconfig\.yaml\.(up|ours)/g, "zpages-kubeconfig.yaml");
+      const [uc, oc] = await both(`${METRICS}/configz`);
+      assert.deepEqual(JSON.parse(sameKubeconfig(oc.body)), JSON.parse(sameKubeconfig(uc.body)));
+    } finally {
+      await Promise.all(procs.map((p) => p.stop(5000).catch(() => {})));
+    }
+  },
+});
