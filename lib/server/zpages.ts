@@ -223,16 +223,6 @@ export class ZPages {
     this.#flagzDelimiter = DELIMITERS[opts.delimiter ?? Math.floor(Math.random() * DELIMITERS.length)];
   }
 
-  /** The paths served (for the listener's own listing). */
-  paths(): string[] {
-    const o = this.#opts;
-    return [
-      ...(o.configz ? ["/configz"] : []),
-      ...(o.flagz ? ["/flagz"] : []),
-      ...(o.statusz ? ["/statusz"] : []),
-    ];
-  }
-
   /** The response for `req`, or undefined when its path is not a z-page served here. */
   handle(req: Request): Response | undefined {
     const path = new URL(req.url).pathname;
