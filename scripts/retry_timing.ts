@@ -1,6 +1,6 @@
 /**
  * Measures how long a new Service takes to reach the kernel after the API server fails some requests,
- * for this agent and for upstream kube-proxy v1.37.2 (built by scripts/build_k8s.sh), against the same
+ * for this agent and for upstream kube-proxy v1.35.4 (built by scripts/build_k8s.sh), against the same
  * simulator with the same injected faults, each in its own network-namespace sandbox (root).
  *
  *     deno run -A scripts/retry_timing.ts ours|upstream [runs=3] [faults=watch500,list500,list500 | any8]
@@ -18,7 +18,7 @@ import { agentCommand } from "../testkit/agent_command.ts";
 import { endpointSlice, nodeObject, service } from "../tests/packets/helpers.ts";
 
 const tools = Deno.env.get("DKP_TOOLS") ?? `${Deno.env.get("HOME")}/.cache/deno-kube-proxy`;
-const UPSTREAM = `${tools}/k8s-v1.37.2/kube-proxy`;
+const UPSTREAM = `${tools}/k8s-v1.35.4/kube-proxy`;
 
 const which = Deno.args[0];
 if (which !== "ours" && which !== "upstream") {

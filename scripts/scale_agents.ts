@@ -18,7 +18,7 @@ export type ScaleMode = "iptables" | "nftables";
 export type Backend = "legacy" | "nft";
 
 /** Where scripts/build_k8s.sh puts upstream kube-proxy. */
-export const UPSTREAM_BINARY = `${Deno.env.get("HOME")}/.cache/deno-kube-proxy/k8s-v1.37.2/kube-proxy`;
+export const UPSTREAM_BINARY = `${Deno.env.get("HOME")}/.cache/deno-kube-proxy/k8s-v1.35.4/kube-proxy`;
 
 /** Everything an agent's command line depends on. */
 export interface AgentSetup {
