@@ -31,6 +31,9 @@ import { Proxier } from "./proxy/proxier.ts";
 import type { Dataplane, IPFamily } from "./proxy/types.ts";
 import { ProxyHealthServer } from "./server/health.ts";
 import { MetricsServer } from "./server/metrics_server.ts";
+import { recordFeatureGates } from "./server/component_metrics.ts";
+import { registerProcessMetrics } from "./server/process_metrics.ts";
+import { startEventLoopMonitor } from "./server/runtime_metrics.ts";
 import { ServiceHealthServer } from "./server/service_health.ts";
 
 /** Hooks for tests; production uses the defaults. */
@@ -204,6 +207,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     health.start();
     stops.push(() => health.stop());
   }
+  recordFeatureGates(opts.featureGates);
   const metrics = new MetricsServer({
     bindAddress: cfg.metricsBindAddress,
     mode: opts.mode,
@@ -215,6 +219,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     },
   });
   if (cfg.metricsBindAddress !== "") {
+    await registerProcessMetrics();
+    stops.push(startEventLoopMonitor());
     metrics.start();
     stops.push(() => metrics.stop());
   }

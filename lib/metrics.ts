@@ -12,6 +12,12 @@ export const registry: client.Registry = new client.Registry();
 /** Every metric of every mode, whatever runs (tests read it through {@linkcode metricsText}). */
 const allMetrics: client.Registry = new client.Registry();
 
+/**
+ * The registries of the metrics every run serves whatever the mode (the API client's, the process's, build
+ * and feature-gate information, the runtime's): both the served one and the one tests read.
+ */
+export const COMPONENT_REGISTRIES: client.Registry[] = [registry, allMetrics];
+
 const exp = (start: number, factor: number, count: number) => client.exponentialBuckets(start, factor, count);
 
 function programmingBuckets(): number[] {
