@@ -1,15 +1,22 @@
 /**
  * The `process_*` families of Prometheus's Go client (client_golang's process collector, which upstream
- * kube-proxy serves), with its names, types and help, read from the kernel at each scrape as that collector
- * reads them: `/proc/self/stat` (CPU time, virtual memory, start time with `/proc/stat`'s btime),
- * `/proc/self/status` (resident memory), `/proc/self/fd` (open descriptors), `/proc/self/limits` (limits) and
- * `/proc/self/net/netstat` (IpExt octets: like upstream's, the counters of the network namespace the process
- * runs in, the node's for a hostNetwork pod).
+ * kube-proxy serves), with its names, types and help, measured at each scrape.
  *
- * A family whose source cannot be read when {@linkcode registerProcessMetrics} runs (no /proc, or no read
- * permission) is not registered, so it is absent rather than zero; a later failed read keeps the last value.
+ * Deno 2.9.6 refuses every read under /proc without `--allow-all` (the start task does not grant it), so three
+ * families come from what the runtime measures without a permission: CPU time from getrusage
+ * (`process.cpuUsage()`, the kernel's user + system time, the same accounting as /proc/self/stat), resident
+ * memory from `Deno.memoryUsage().rss` (read by the runtime from the kernel) and the start time from the
+ * runtime's time origin (`performance.timeOrigin`, a few milliseconds after exec). The others are read from
+ * /proc as client_golang reads them, and so only when the agent may (an operator adding `--allow-all` through
+ * `DKP_EXTRA_PERMISSIONS`): `/proc/self/stat` (virtual memory), `/proc/self/fd` (open descriptors),
+ * `/proc/self/limits` (limits) and `/proc/self/net/netstat` (IpExt octets: like upstream's, the counters of the
+ * network namespace the process runs in, the node's for a hostNetwork pod).
+ *
+ * A family whose source cannot be read when {@linkcode registerProcessMetrics} runs is not registered, so it
+ * is absent rather than zero (docs/operations.md lists them); a later failed read keeps the last value.
  * @module
  */
+import process from "node:process";
 import client from "prom-client";
 import { COMPONENT_REGISTRIES } from "../metrics.ts";
 
@@ -29,11 +36,9 @@ export interface ProcessSample {
   networkTransmitBytes?: number;
 }
 
-/** Where the collector reads (tests point it at fixtures). */
+/** Where the collector reads in /proc (tests point it at fixtures). */
 export interface ProcPaths {
   stat: string;
-  procStat: string;
-  status: string;
   fdDir: string;
   limits: string;
   netstat: string;
@@ -42,8 +47,6 @@ export interface ProcPaths {
 /** The running process's files. */
 export const SELF: ProcPaths = {
   stat: "/proc/self/stat",
-  procStat: "/proc/stat",
-  status: "/proc/self/status",
   fdDir: "/proc/self/fd",
   limits: "/proc/self/limits",
   netstat: "/proc/self/net/netstat",
@@ -95,21 +98,14 @@ export function parseNetstat(text: string): { receive?: number; transmit?: numbe
 
 /** Reads every figure it can; one that cannot be read is undefined. */
 export async function readProcess(paths: ProcPaths = SELF): Promise<ProcessSample> {
-  const out: ProcessSample = {};
+  const cpu = process.cpuUsage();
+  const out: ProcessSample = {
+    cpuSeconds: (cpu.user + cpu.system) / 1e6,
+    residentBytes: Deno.memoryUsage().rss,
+    startTimeSeconds: performance.timeOrigin / 1000,
+  };
   const stat = await maybe(async () => parseStat(await Deno.readTextFile(paths.stat)));
-  if (stat) {
-    out.cpuSeconds = stat.cpuSeconds;
-    out.virtualBytes = stat.virtualBytes;
-    const btime = await maybe(async () => {
-      const m = /^btime (\d+)$/m.exec(await Deno.readTextFile(paths.procStat));
-      return m ? Number(m[1]) : undefined;
-    });
-    if (btime !== undefined) out.startTimeSeconds = btime + stat.startTicks / USER_HZ;
-  }
-  out.residentBytes = await maybe(async () => {
-    const m = /^VmRSS:\s+(\d+) kB$/m.exec(await Deno.readTextFile(paths.status));
-    return m ? Number(m[1]) * 1024 : undefined;
-  });
+  out.virtualBytes = stat?.virtualBytes;
   out.openFds = await maybe(async () => {
     let n = 0;
     for await (const _ of Deno.readDir(paths.fdDir)) n++;
