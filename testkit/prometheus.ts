@@ -117,6 +117,28 @@ export class PrometheusServer {
     throw new Error(`query ${expr}: unexpected result type ${r.resultType}`);
   }
 
+  /** Runs a range query (`step` in seconds); resolves with each series' points as [unix seconds, value]. */
+  async queryRange(
+    expr: string,
+    start: number,
+    end: number,
+    step: number,
+  ): Promise<{ metric: Record<string, string>; points: [number, number][] }[]> {
+    const body = JSON.parse(
+      await this.get("/api/v1/query_range", {
+        query: expr,
+        start: String(start),
+        end: String(end),
+        step: String(step),
+      }),
+    );
+    if (body.status !== "success") throw new Error(`query_range ${expr}: ${JSON.stringify(body)}`);
+    return body.data.result.map((s: { metric: Record<string, string>; values: [number, string][] }) => ({
+      metric: s.metric,
+      points: s.values.map(([t, v]) => [t, Number(v)] as [number, number]),
+    }));
+  }
+
   /** The last lines of its log. */
   tail(): string {
     return this.proc.tail();

@@ -108,6 +108,24 @@ const ABSENT_BY_DESIGN: Record<string, string> = {
 /** A family about the Go runtime (no equivalent in a Deno process). */
 const isGoRuntime = (name: string) => name.startsWith("go_");
 
+/** The panels of the picture (docs/monitoring.png): title, unit, query (15 s windows: 1 s scrapes). */
+const PICTURE_PANELS: [string, string, string][] = [
+  [
+    "Rules sync latency, 99th percentile",
+    "s",
+    'histogram_quantile(0.99, sum by (le) (rate(kubeproxy_sync_proxy_rules_duration_seconds_bucket{cluster="$cluster"}[15s])))',
+  ],
+  [
+    "Network programming latency, 99th percentile",
+    "s",
+    'histogram_quantile(0.99, sum by (le) (rate(kubeproxy_network_programming_duration_seconds_bucket{cluster="$cluster"}[15s])))',
+  ],
+  // The requests themselves, not their rate: after their first lists (before the first scrape) both proxies only
+  // hold their watches open while Services and endpoints change, so the dashboard's rate stays at 0 here.
+  ["Kube API requests since start", "requests", 'sum(rest_client_requests_total{cluster="$cluster"})'],
+  ["Memory (resident)", "MiB", 'process_resident_memory_bytes{cluster="$cluster"} / 1048576'],
+];
+
 interface Agent {
   who: "upstream" | "deno";
   address: string;
@@ -239,6 +257,7 @@ privilegedTest(unavailable, {
         }, agents);
       });
 
+      const runStart = Date.now() / 1000;
       // Churn while they run: an endpoint change every second (with its trigger time, as the EndpointSlice
       // controller writes it), a Service created or deleted every third.
       churn = (async () => {
@@ -360,6 +379,31 @@ privilegedTest(unavailable, {
           }, agents);
         },
       );
+
+      // With DKP_MONITORING_DATA=<file>: churn on for DKP_MONITORING_SECONDS (default 120) and save the main
+      // panels of both agents over the run, for scripts/monitoring_picture.ts (docs/monitoring.png).
+      const dataFile = Deno.env.get("DKP_MONITORING_DATA");
+      if (dataFile) {
+        await t.step("the main panels over the run are saved for the picture", async () => {
+          await new Promise((r) =>
+            setTimeout(r, Number(Deno.env.get("DKP_MONITORING_SECONDS") ?? 120) * 1000)
+          );
+          const end = Date.now() / 1000;
+          const panels = [];
+          for (const [title, unit, expr] of PICTURE_PANELS) {
+            const series = [];
+            for (const a of agents) {
+              const [s] = await p.queryRange(expr.replaceAll("$cluster", a.who), runStart, end, 1);
+              series.push({
+                agent: a.who === "deno" ? "deno-kube-proxy" : "upstream kube-proxy v1.37.2",
+                points: s?.points ?? [],
+              });
+            }
+            panels.push({ title, unit, series });
+          }
+          await Deno.writeTextFile(dataFile, JSON.stringify({ start: runStart, end, panels }));
+        });
+      }
 
       const ourRules = parseYaml(await Deno.readTextFile(`${PROJECT_ROOT}deploy/monitoring/alerts.yaml`)) as {
         groups: { rules: { alert: string; expr: string }[] }[];
