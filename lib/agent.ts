@@ -34,6 +34,9 @@ import { MetricsServer } from "./server/metrics_server.ts";
 import { ZPages } from "./server/zpages.ts";
 import { configzObject } from "./config/load.ts";
 import { GIT_VERSION, minorVersion } from "./config/version.ts";
+import { recordFeatureGates } from "./server/component_metrics.ts";
+import { registerProcessMetrics } from "./server/process_metrics.ts";
+import { startEventLoopMonitor } from "./server/runtime_metrics.ts";
 import { ServiceHealthServer } from "./server/service_health.ts";
 
 /** Hooks for tests; production uses the defaults. */
@@ -236,6 +239,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
       }
       : undefined,
   });
+  recordFeatureGates(opts.featureGates);
   const metrics = new MetricsServer({
     bindAddress: cfg.metricsBindAddress,
     mode: opts.mode,
@@ -248,6 +252,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     },
   });
   if (cfg.metricsBindAddress !== "") {
+    await registerProcessMetrics();
+    stops.push(startEventLoopMonitor());
     metrics.start();
     stops.push(() => metrics.stop());
   }

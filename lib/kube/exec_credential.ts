@@ -12,6 +12,7 @@
  */
 
 import { log } from "../log.ts";
+import { recordExecCertificate, recordExecPluginCall } from "./client_metrics.ts";
 
 /** The two credential API versions client-go v0.35 accepts. */
 export const EXEC_API_VERSIONS = ["client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1"];
@@ -227,6 +228,10 @@ export class ExecAuthenticator {
     try {
       out = await (this.opts.run ?? denoRunner)(cfg.command, cfg.args, env, interactive);
     } catch (e) {
+      recordExecPluginCall(
+        1,
+        e instanceof Deno.errors.NotFound ? "plugin_not_found_error" : "client_internal_error",
+      );
       if (e instanceof Deno.errors.NotFound) {
         let msg = `exec: executable ${cfg.command} not found\n\nIt looks like you are trying to use a ` +
           "client-go credential plugin that is not installed.\n\nTo learn more about this feature, consult " +
@@ -243,12 +248,14 @@ export class ExecAuthenticator {
       }
       throw new ExecPluginError(`exec: ${(e as Error).message}`, { cause: e });
     }
+    recordExecPluginCall(out.code, out.code === 0 ? "no_error" : "plugin_execution_error");
     if (out.code !== 0) {
       throw new ExecPluginError(`exec: executable ${cfg.command} failed with exit code ${out.code}`);
     }
     const creds = parseExecCredential(out.stdout, cfg.apiVersion);
     const old = this.cached;
     this.cached = creds;
+    recordExecCertificate(creds.certPem, old?.certPem);
     if (old && old.certPem !== creds.certPem) {
       log.info("Exec credential plugin rotated the client certificate", { plugin: cfg.command });
     }

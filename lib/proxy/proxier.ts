@@ -125,6 +125,9 @@ export class Proxier {
         lastFullSyncAt: null,
         lastSnapshot: null,
       });
+      // Our own failure counter starts at 0 per family: "no failed sync yet" is a measured value, and the
+      // alert on its rate (deploy/monitoring/alerts.yaml) has a series to evaluate from the start.
+      syncFailuresTotal.inc({ ip_family: family }, 0);
       first = false;
     }
     this.#runner = new BoundedFrequencyRunner("sync-runner", () => this.#syncAll(), {
