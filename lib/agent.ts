@@ -265,6 +265,21 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
         field ? `${reason} (${field})` : reason,
       );
     },
+    onInvalidEndpointSlice: (slice, reason) => {
+      events.event(
+        {
+          kind: "EndpointSlice",
+          apiVersion: "discovery.k8s.io/v1",
+          namespace: slice.metadata?.namespace ?? "",
+          name: slice.metadata?.name ?? "",
+          uid: slice.metadata?.uid,
+        },
+        "Warning",
+        "InvalidEndpointSlice",
+        "Sync",
+        reason,
+      );
+    },
     preferSameTrafficDistribution: opts.featureGates["PreferSameTrafficDistribution"] ?? true,
   });
   stops.push(() => proxier.stop());
