@@ -190,6 +190,17 @@ export const syncFailuresTotal = new client.Counter({
   registers: [allMetrics],
 });
 
+/**
+ * Our own (no upstream counterpart): service ports left out of the rules because the dataplane's kernel tool
+ * refused them (lib/proxy/isolation.ts); retried when their Service changes and at every full sync.
+ */
+export const quarantinedServicePorts = new client.Gauge({
+  name: "denokubeproxy_quarantined_service_ports",
+  help: "Service ports left out of the proxy rules because the kernel tool refused them",
+  labelNames: family,
+  registers: [allMetrics],
+});
+
 /** A counter whose value is read at scrape time (upstream's nfacct collectors). */
 function externalCounter(name: string, help: string, read: () => Promise<number | null>) {
   return {
@@ -248,6 +259,7 @@ const CORE_METRICS: client.Metric[] = [
   networkProgrammingDuration,
   noLocalEndpointsTotal,
   syncFailuresTotal,
+  quarantinedServicePorts,
 ];
 
 const conntrackMetrics = [conntrackReconcilerSyncDuration, conntrackReconcilerDeletedEntriesTotal];
