@@ -25,6 +25,7 @@ import {
   tally,
 } from "./helpers.ts";
 import { privilegedTest } from "../../testkit/privileged.ts";
+import type { KubeEvent } from "../../lib/kube/types.ts";
 
 const NODE = "node1";
 const OTHER_NODE = "node2";
@@ -107,6 +108,16 @@ async function waitServing(agent: SandboxProcess, probe: Probe): Promise<void> {
   ).catch((err) => {
     throw new Error(`${err.message}\nagent output:\n${agent.tail()}`);
   });
+}
+
+/** The value of one metric line (name with labels) of the agent's /metrics, read in the node namespace; 0 if absent. */
+async function metricLine(sb: Sandbox, name: string): Promise<number> {
+  const r = await sb.tryExec(sb.node, Deno.execPath(), [
+    "eval",
+    "const r = await fetch('http://127.0.0.1:10249/metrics'); console.log(await r.text())",
+  ]);
+  const line = r.stdout.split("\n").find((l) => l.startsWith(`${name} `));
+  return line === undefined ? 0 : Number(line.split(" ")[1]);
 }
 
 /** Pod names answering `count` sequential TCP probes (or outcomes like `timeout`). */
@@ -375,6 +386,81 @@ async function runSuite(
             200,
           );
           assert.equal((await pc.tcp(sb.nodeIP, 30080)).result, "ok", "NodePort after the restore");
+        },
+      );
+
+      await t.step(
+        "hostile objects beside good ones: skipped or quarantined with an Event each, the rest and a later Service served",
+        async () => {
+          // Names the API server would refuse (the simulator serves them as they are), each with endpoints.
+          const hostile = ['bad"quote', "bad\nnewline", "b".repeat(300)];
+          for (const [i, name] of hostile.entries()) {
+            await sim!.upsert(service({ name, clusterIP: `10.96.0.${40 + i}` }));
+            await sim!.upsert(endpointSlice(name, [local(a.ip)], undefined, { name: `hostile-${i}` }));
+          }
+          // A valid Service whose slice holds a hostile address beside a good endpoint.
+          await sim!.upsert(service({ name: "mixed", clusterIP: "10.96.0.45" }));
+          const mixed = endpointSlice("mixed", [local(b.ip)]);
+          mixed.endpoints!.push({ addresses: [`${c.ip} -j ACCEPT`], conditions: { ready: true } });
+          await sim!.upsert(mixed);
+          // The ClusterIP and port of "web" again (an API server's allocator prevents it): a tool that refuses
+          // duplicate keys (nft) gets it quarantined, one that accepts them (iptables) serves it.
+          await sim!.upsert(service({ name: "web-dup", clusterIP: "10.96.0.10" }));
+          await sim!.upsert(endpointSlice("web-dup", [local(a.ip), remote(c.ip)]));
+          await sim!.upsert(service({ name: "later", clusterIP: "10.96.0.46" }));
+          await sim!.upsert(endpointSlice("later", [local(c.ip)]));
+          await eventually(
+            "the Service added afterwards to be served",
+            async () => {
+              const r = await pn.tcp("10.96.0.46", 80, { timeoutMs: 1000 });
+              return r.answer?.startsWith("pod-c ") ? r : undefined;
+            },
+            30_000,
+            200,
+          );
+          assert.deepEqual(
+            new Set(await hits(pn, "10.96.0.45", 80, 20)),
+            new Set(["pod-b"]),
+            "mixed: good endpoint only",
+          );
+          const web = tally(await hits(pn, "10.96.0.10", 80, 40));
+          assert.deepEqual(Object.keys(web).sort(), ["pod-a", "pod-c"], JSON.stringify(web));
+          for (const [i] of hostile.entries()) {
+            const r = await pn.tcp(`10.96.0.${40 + i}`, 80, { timeoutMs: 500 });
+            assert.notEqual(r.result, "ok", `hostile Service ${i} is not programmed`);
+          }
+
+          const quarantined = await metricLine(
+            sb,
+            'denokubeproxy_quarantined_service_ports{ip_family="IPv4"}',
+          );
+          const events = await eventually(
+            "an Event per skipped or quarantined object",
+            async () => {
+              const evs = (await sim!.list("events")) as KubeEvent[];
+              const about = (reason: string, name: string) =>
+                evs.filter((e) => e.reason === reason && e.regarding?.name === name);
+              const want = [
+                ...hostile.map((n) => about("InvalidService", n)),
+                ...hostile.map((_, i) => about("InvalidEndpointSlice", `hostile-${i}`)),
+                about("InvalidEndpointSlice", "mixed-1"),
+              ];
+              const dup = about("ServicePortQuarantined", "web-dup");
+              return want.every((l) => l.length > 0) && dup.length === quarantined
+                ? { want, dup }
+                : undefined;
+            },
+            15_000,
+            200,
+          );
+          assert.match(events.want[0][0].note ?? "", /metadata\.name: Invalid value: "bad\\"quote"/);
+          assert.match(events.want[6][0].note ?? "", /endpoints\[1\]\.addresses\[0\]/);
+          console.log(
+            `  ${m.mode}: web-dup ${
+              quarantined === 1 ? "quarantined (the tool refused it)" : "accepted by the tool"
+            }`,
+          );
+          assert.ok(quarantined === 0 || quarantined === 1, `quarantined ports: ${quarantined}`);
         },
       );
 
