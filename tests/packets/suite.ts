@@ -19,6 +19,7 @@ import {
   endpointSlice,
   eventually,
   nodeObject,
+  refusingToolWrappers,
   service,
   sleep,
   startSandboxAgent,
@@ -74,21 +75,39 @@ export interface PacketMode {
   leftovers: (sb: Sandbox) => Promise<string[]>;
 }
 
+/** A ClusterIP whose rules the wrapped kernel tools refuse (isolation step); no other Service uses it. */
+const REFUSED_IP = "10.96.0.66";
+
+/** The tools whose input carries a Service's ClusterIP in each mode (wrapped to refuse REFUSED_IP). */
+const REFUSING_TOOLS: Record<PacketMode["mode"], string[]> = {
+  iptables: ["iptables", "iptables-nft", "iptables-legacy"].map((t) => `${t}-restore`),
+  nftables: ["nft"],
+  ipvs: ["ipvsadm"],
+};
+
 /** Registers the suite for one mode. */
 export function definePacketSuite(m: PacketMode): void {
   const unavailable = sandboxUnavailableReason(["ip", "conntrack", "sysctl", ...m.tools]) ?? m.unavailable;
-  const startAgent = (sb: Sandbox, kubeconfig: string): SandboxProcess =>
-    startSandboxAgent(sb, kubeconfig, {
-      nodeName: NODE,
-      syncPeriodS: SYNC_PERIOD_S,
-      mode: m.mode,
-      extraArgs: m.extraArgs,
-    });
   privilegedTest(unavailable, {
     name: `packets (${m.mode}): the agent's rules carry real traffic`,
     sanitizeResources: false,
     sanitizeOps: false,
-    fn: (t) => runSuite(t, m, startAgent),
+    fn: async (t) => {
+      const wrappers = await refusingToolWrappers(REFUSING_TOOLS[m.mode], REFUSED_IP);
+      const startAgent = (sb: Sandbox, kubeconfig: string): SandboxProcess =>
+        startSandboxAgent(sb, kubeconfig, {
+          nodeName: NODE,
+          syncPeriodS: SYNC_PERIOD_S,
+          mode: m.mode,
+          extraArgs: m.extraArgs,
+          pathPrefix: wrappers,
+        });
+      try {
+        await runSuite(t, m, startAgent);
+      } finally {
+        await Deno.remove(wrappers, { recursive: true });
+      }
+    },
   });
 }
 
@@ -407,6 +426,9 @@ async function runSuite(
           // duplicate keys (nft) gets it quarantined, one that accepts them (iptables) serves it.
           await sim!.upsert(service({ name: "web-dup", clusterIP: "10.96.0.10" }));
           await sim!.upsert(endpointSlice("web-dup", [local(a.ip), remote(c.ip)]));
+          // A valid Service whose rules the (wrapped) kernel tool refuses: found by bisection and quarantined.
+          await sim!.upsert(service({ name: "refused", clusterIP: REFUSED_IP }));
+          await sim!.upsert(endpointSlice("refused", [local(a.ip)]));
           await sim!.upsert(service({ name: "later", clusterIP: "10.96.0.46" }));
           await sim!.upsert(endpointSlice("later", [local(c.ip)]));
           await eventually(
@@ -444,9 +466,10 @@ async function runSuite(
                 ...hostile.map((n) => about("InvalidService", n)),
                 ...hostile.map((_, i) => about("InvalidEndpointSlice", `hostile-${i}`)),
                 about("InvalidEndpointSlice", "mixed-1"),
+                about("ServicePortQuarantined", "refused"),
               ];
               const dup = about("ServicePortQuarantined", "web-dup");
-              return want.every((l) => l.length > 0) && dup.length === quarantined
+              return want.every((l) => l.length > 0) && dup.length === quarantined - 1
                 ? { want, dup }
                 : undefined;
             },
@@ -455,12 +478,15 @@ async function runSuite(
           );
           assert.match(events.want[0][0].note ?? "", /metadata\.name: Invalid value: "bad\\"quote"/);
           assert.match(events.want[6][0].note ?? "", /endpoints\[1\]\.addresses\[0\]/);
+          assert.match(events.want[7][0].note ?? "", /dp\/refused:p \(IPv4\).*injected refusal/);
           console.log(
             `  ${m.mode}: web-dup ${
-              quarantined === 1 ? "quarantined (the tool refused it)" : "accepted by the tool"
+              quarantined === 2 ? "quarantined (the tool refused it)" : "accepted by the tool"
             }`,
           );
-          assert.ok(quarantined === 0 || quarantined === 1, `quarantined ports: ${quarantined}`);
+          assert.ok(quarantined === 1 || quarantined === 2, `quarantined ports: ${quarantined}`);
+          const refused = await pn.tcp(REFUSED_IP, 80, { timeoutMs: 500 });
+          assert.notEqual(refused.result, "ok", "the refused Service is left out");
         },
       );
 
