@@ -192,7 +192,17 @@ export function buildServicePorts(
   let stickyMaxAgeSeconds = 0;
   if (spec.sessionAffinity === "ClientIP") {
     const t = spec.sessionAffinityConfig?.clientIP?.timeoutSeconds;
-    stickyMaxAgeSeconds = typeof t === "number" && t > 0 ? t : DEFAULT_STICKY_MAX_AGE_SECONDS;
+    if (t !== undefined && t !== null && !(Number.isInteger(t) && t > 0 && t <= 86400)) {
+      // The API's rule (ValidateClientIPAffinityConfig); the value reaches rule text (`--seconds`, `timeout`).
+      const path = "spec.sessionAffinityConfig.clientIP.timeoutSeconds";
+      invalid(
+        `Skipping invalid Service: ${fieldError(path, t, ["must be greater than 0 and less than 86400"])}`,
+        {},
+        path,
+      );
+      return null;
+    }
+    stickyMaxAgeSeconds = typeof t === "number" ? t : DEFAULT_STICKY_MAX_AGE_SECONDS;
   }
 
   let healthCheckNodePort = 0;

@@ -145,3 +145,20 @@ Deno.test("a Node zone label the API would refuse is ignored", () => {
   assert.deepEqual(topologyLabels({ metadata: { labels: { [zone]: "a b" } } }), {});
   assert.deepEqual(topologyLabels({ metadata: { labels: { [zone]: "zone-a" } } }), { [zone]: "zone-a" });
 });
+
+Deno.test("a ClientIP affinity timeout outside the API's (0, 86400] skips the Service (it reaches rule text)", () => {
+  for (const t of [0, -1, 1.5, 86401, 1e12]) {
+    const c = collect();
+    const svc = service("ns", "svc", {
+      sessionAffinity: "ClientIP",
+      sessionAffinityConfig: { clientIP: { timeoutSeconds: t } },
+    });
+    assert.equal(buildServicePorts(svc, "IPv4", c.cb), null, String(t));
+    assert.deepEqual(c.fields, ["spec.sessionAffinityConfig.clientIP.timeoutSeconds"]);
+  }
+  const ok = service("ns", "svc", {
+    sessionAffinity: "ClientIP",
+    sessionAffinityConfig: { clientIP: { timeoutSeconds: 86400 } },
+  });
+  assert.equal(buildServicePorts(ok, "IPv4")!.get("ns/svc:p80")!.stickyMaxAgeSeconds, 86400);
+});
