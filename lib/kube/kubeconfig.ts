@@ -72,6 +72,14 @@ export interface LoadOptions {
   exec?: { now?: () => number; timeoutMs?: number };
 }
 
+/**
+ * A URL fit for logs: `user:password@` (or `user@`) replaced by `redacted@`, as Go's `url.Redacted` hides the
+ * password. Text that is not a URL is returned unchanged.
+ */
+export function redactURL(raw: string): string {
+  return String(raw).replace(/^([a-zA-Z][a-zA-Z0-9+.-]*:\/\/)[^/?#@]*@/, "$1redacted@");
+}
+
 /** The default service-account mount. */
 export const SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 
