@@ -27,7 +27,9 @@ configureLogging({ sink: () => {} });
 
 const SEED = Number(Deno.env.get("DKP_PROPERTY_SEED") ?? "20261204");
 const RUNS = Number(Deno.env.get("DKP_PROPERTY_RUNS") ?? "25");
-const MODES = ["iptables", "nftables", "ipvs"] as const;
+const ALL_MODES = ["iptables", "nftables", "ipvs"] as const;
+/** DKP_PROPERTY_MODES=iptables,ipvs runs a subset (default: every mode). */
+const MODES = ALL_MODES.filter((m) => (Deno.env.get("DKP_PROPERTY_MODES") ?? m).split(",").includes(m));
 
 const HOSTILE_CHARS = [
   '"',
@@ -191,6 +193,10 @@ function validPorts(c: Case): { key: string; family: "IPv4" | "IPv6"; clusterIP:
   const out = new Map<string, { key: string; family: "IPv4" | "IPv6"; clusterIP: string }>();
   for (const s of c.services) {
     const { namespace: ns, name } = s.metadata!;
+    // A later object of the same namespace/name replaces the earlier one (as an update would).
+    for (const [k, v] of out) {
+      if (v.key === `${ns}/${name}` || v.key.startsWith(`${ns}/${name}:`)) out.delete(k);
+    }
     if (isDNS1123Label(ns!).length > 0 || isDNS1035Label(name!).length > 0) continue;
     const ip = parseIP(s.spec!.clusterIP!);
     if (!ip) continue;
