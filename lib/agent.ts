@@ -304,6 +304,31 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
         field ? `${reason} (${field})` : reason,
       );
     },
+    onQuarantine: (port, family, error) => {
+      events.event(
+        { kind: "Service", apiVersion: "v1", namespace: port.name.namespace, name: port.name.name },
+        "Warning",
+        "ServicePortQuarantined",
+        "Sync",
+        `The ${opts.mode} proxy rules of service port ${port.nameString} (${family}) were refused and are left ` +
+          `out until the Service changes or the next full sync; the other Services are programmed: ${error}`,
+      );
+    },
+    onInvalidEndpointSlice: (slice, reason) => {
+      events.event(
+        {
+          kind: "EndpointSlice",
+          apiVersion: "discovery.k8s.io/v1",
+          namespace: slice.metadata?.namespace ?? "",
+          name: slice.metadata?.name ?? "",
+          uid: slice.metadata?.uid,
+        },
+        "Warning",
+        "InvalidEndpointSlice",
+        "Sync",
+        reason,
+      );
+    },
     preferSameTrafficDistribution: opts.featureGates["PreferSameTrafficDistribution"] ?? true,
   });
   stops.push(() => proxier.stop());

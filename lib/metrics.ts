@@ -197,6 +197,17 @@ export const syncFailuresTotal = new client.Counter({
 });
 
 /**
+ * Our own (no upstream counterpart): service ports left out of the rules because the dataplane's kernel tool
+ * refused them (lib/proxy/isolation.ts); retried when their Service changes and at every full sync.
+ */
+export const quarantinedServicePorts = new client.Gauge({
+  name: "denokubeproxy_quarantined_service_ports",
+  help: "Service ports left out of the proxy rules because the kernel tool refused them",
+  labelNames: family,
+  registers: [allMetrics],
+});
+
+/**
  * A counter whose value is read at scrape time (upstream's nfacct collectors): prom-client's Counter whose
  * `get()` reports the reading, and no sample in a scrape where it cannot be read.
  */
@@ -252,6 +263,7 @@ const CORE_METRICS: client.Metric[] = [
   networkProgrammingDuration,
   noLocalEndpointsTotal,
   syncFailuresTotal,
+  quarantinedServicePorts,
 ];
 
 const conntrackMetrics = [conntrackReconcilerSyncDuration, conntrackReconcilerDeletedEntriesTotal];

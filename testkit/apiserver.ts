@@ -330,8 +330,15 @@ export class SimulatorStats {
   /** Requests rejected with 401. */
   unauthorized = 0;
 
+  /** When each list and watch request arrived (`performance.now()`), in order (the last 10 000). */
+  readonly arrivals: { kind: string; resource: string; at: number }[] = [];
+
   /** Increments a counter `kind:resource`. */
   bump(kind: string, resource: string): void {
+    if (kind === "list" || kind === "watch") {
+      this.arrivals.push({ kind, resource, at: performance.now() });
+      if (this.arrivals.length > 10_000) this.arrivals.shift();
+    }
     const k = `${kind}:${resource}`;
     this.counts.set(k, (this.counts.get(k) ?? 0) + 1);
   }

@@ -233,6 +233,11 @@ export class SimulatorProcess {
     return this.call({ op: "delete", resource, namespace, name });
   }
 
+  /** Every object of a resource (e.g. the Events the agent posted). */
+  list(resource: ResourceName): Promise<KubeObject[]> {
+    return this.call({ op: "list", resource }) as Promise<KubeObject[]>;
+  }
+
   /** Request counters. */
   stats(): Promise<{ lists: number; watches: number; openWatches: number; rv: number }> {
     return this.call({ op: "stats" }) as Promise<

@@ -47,6 +47,8 @@ export interface ProbeResult {
   conn?: number;
   /** Error text for result `error`. */
   error?: string;
+  /** For `tcp` and `udp`: ms from the start of the probe to its outcome, measured in the probe process. */
+  elapsedMs?: number;
 }
 
 const DEFAULT_TIMEOUT_MS = 1000;
@@ -181,12 +183,16 @@ function udpProbe(req: ProbeRequest): Promise<ProbeResult> {
 
 async function handle(req: ProbeRequest): Promise<ProbeResult> {
   switch (req.op) {
-    case "tcp":
-      return await tcpProbe(req, false);
+    case "tcp": {
+      const t0 = performance.now();
+      return { ...(await tcpProbe(req, false)), elapsedMs: Math.round(performance.now() - t0) };
+    }
     case "open":
       return await tcpProbe(req, true);
-    case "udp":
-      return await udpProbe(req);
+    case "udp": {
+      const t0 = performance.now();
+      return { ...(await udpProbe(req)), elapsedMs: Math.round(performance.now() - t0) };
+    }
     case "send":
       return await sendOnHeld(req);
     case "close": {

@@ -325,3 +325,25 @@ Deno.test("the compile task documents DENORT_BIN and the Dockerfile passes it th
   assert.match(dockerfile, /^ARG DENORT_BIN=?$/m);
   assert.match(dockerfile, /export DENORT_BIN=.*deno task compile/s);
 });
+
+Deno.test("the agent holds no write permission: --write-config-to needs that one file granted, and says how", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "dkp-write-config-" });
+  try {
+    const file = `${dir}/out.yaml`;
+    const run = async (extraPermissions: string[]) => {
+      const [cmd, ...args] = agentCommand(["--write-config-to", file], { extraPermissions });
+      const r = await new Deno.Command(cmd, { args, stdin: "null", stdout: "piped", stderr: "piped" })
+        .output();
+      return { code: r.code, stderr: new TextDecoder().decode(r.stderr) };
+    };
+    const denied = await run([]);
+    assert.equal(denied.code, 1, denied.stderr);
+    assert.match(denied.stderr, /DKP_EXTRA_PERMISSIONS=--allow-write=/);
+    assert.equal(await Deno.stat(file).then(() => true, () => false), false);
+    const granted = await run([`--allow-write=${file}`]);
+    assert.equal(granted.code, 0, granted.stderr);
+    assert.match(await Deno.readTextFile(file), /kind: KubeProxyConfiguration/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

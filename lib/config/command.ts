@@ -148,7 +148,11 @@ export async function parseCommandLine(
     try {
       await writeConfigFile(o.writeConfigTo, o.config);
     } catch (e) {
-      io.stderr(`Error: ${(e as Error).message}\n`);
+      // The daemon holds no write permission (docs/operations.md, "Threat model"): this one-shot action asks.
+      const hint = e instanceof Deno.errors.NotCapable
+        ? ` (the agent runs without write permission; grant this file only: DKP_EXTRA_PERMISSIONS=--allow-write=${o.writeConfigTo} deno task start ..., or deno run --allow-write=${o.writeConfigTo} ...)`
+        : "";
+      io.stderr(`Error: ${(e as Error).message}${hint}\n`);
       return { exit: 1 };
     }
     log.info("Wrote configuration", { file: o.writeConfigTo });

@@ -17,7 +17,7 @@
 
 import { log } from "../log.ts";
 import type { KubeList, KubeObject, Status, WatchEvent } from "./types.ts";
-import { type LoadOptions, loadRestConfig, type RestConfig } from "./kubeconfig.ts";
+import { type LoadOptions, loadRestConfig, redactURL, type RestConfig } from "./kubeconfig.ts";
 import { TokenBucket } from "./rate_limiter.ts";
 import type { ExecCredentials } from "./exec_credential.ts";
 import { connectionError } from "./net_errors.ts";
@@ -696,6 +696,6 @@ function insecureFetcher(certPem?: string, keyPem?: string): Fetcher {
 /** Loads the configuration ({@link loadRestConfig}) and returns a client; throws KubeConfigError. */
 export async function createKubeClient(load: LoadOptions, opts: KubeClientOptions = {}): Promise<KubeClient> {
   const cfg = await loadRestConfig(load);
-  log.info("Using API server", { server: cfg.server, source: cfg.source });
+  log.info("Using API server", { server: redactURL(cfg.server), source: cfg.source });
   return new KubeClient(cfg, opts);
 }

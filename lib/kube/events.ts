@@ -14,6 +14,7 @@ import { log } from "../log.ts";
 import type { KubeEvent } from "./types.ts";
 import type { KubeClient } from "./client.ts";
 import { TokenBucket } from "./rate_limiter.ts";
+import { isDNS1123Label, isDNS1123Subdomain } from "./validation.ts";
 
 /** The object an Event is about. */
 export interface ObjectRef {
@@ -49,6 +50,20 @@ interface Series {
   namespace: string;
   count: number;
   first: number;
+}
+
+/**
+ * The object's name when it is a valid DNS-1123 subdomain short enough for `<name>.<hex ns>`, else
+ * `invalid-name-<fnv-1a hex of the name>` (a valid name that still tells such objects apart).
+ */
+function eventNamePrefix(name: string): string {
+  if (name.length <= 253 - 17 && isDNS1123Subdomain(name).length === 0) return name;
+  let h = 0x811c9dc5;
+  for (let i = 0; i < name.length; i++) {
+    h ^= name.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return `invalid-name-${h.toString(16).padStart(8, "0")}`;
 }
 
 function microTime(d: Date): string {
@@ -131,7 +146,11 @@ export class EventRecorder {
         this.counts.patched++;
         return;
       }
-      const namespace = regarding.namespace || "default";
+      // An Event about an object the API would have refused (a hostile name or namespace) must itself be valid:
+      // its own name and namespace then fall back to a valid form; `regarding` keeps the object's as they are.
+      const namespace = regarding.namespace && isDNS1123Label(regarding.namespace).length === 0
+        ? regarding.namespace
+        : "default";
       // Nanoseconds as upstream; a counter keeps names unique within one millisecond.
       this.seq = t.getTime() === this.lastMs ? this.seq + 1 : 0;
       this.lastMs = t.getTime();
@@ -139,7 +158,7 @@ export class EventRecorder {
       const ev: KubeEvent = {
         apiVersion: "events.k8s.io/v1",
         kind: "Event",
-        metadata: { name: `${regarding.name}.${ns.toString(16)}`, namespace },
+        metadata: { name: `${eventNamePrefix(regarding.name)}.${ns.toString(16)}`, namespace },
         eventTime: microTime(t),
         reportingController: this.controller,
         reportingInstance: this.instance,

@@ -67,21 +67,30 @@ export class ExecPluginError extends Error {
   }
 }
 
-/** How the plugin is started (tests substitute a fake). */
+/**
+ * How long a non-interactive plugin may run before it is killed and the request fails (ours: client-go runs
+ * the plugin with no time limit, under the authenticator's lock, so a hung plugin stalls every request of the
+ * process until it exits). An interactive run (a person at a terminal) has no limit, as in client-go.
+ */
+export const EXEC_PLUGIN_TIMEOUT_MS = 60_000;
+
+/** How the plugin is started (tests substitute a fake). `signal` aborts (kills) it. */
 export type PluginRunner = (
   cmd: string,
   args: string[],
   env: Record<string, string>,
   interactive: boolean,
+  signal?: AbortSignal,
 ) => Promise<{ code: number; stdout: string }>;
 
-const denoRunner: PluginRunner = async (cmd, args, env, interactive) => {
+const denoRunner: PluginRunner = async (cmd, args, env, interactive, signal) => {
   const out = await new Deno.Command(cmd, {
     args,
     env,
     stdin: interactive ? "inherit" : "null",
     stdout: "piped",
     stderr: "inherit",
+    signal,
   }).output();
   return { code: out.code, stdout: new TextDecoder().decode(out.stdout) };
 };
@@ -168,6 +177,8 @@ export class ExecAuthenticator {
       run?: PluginRunner;
       now?: () => number;
       isTerminal?: () => boolean;
+      /** @default EXEC_PLUGIN_TIMEOUT_MS */
+      timeoutMs?: number;
     } = {},
   ) {}
 
@@ -225,9 +236,27 @@ export class ExecAuthenticator {
     env.KUBERNETES_EXEC_INFO = info;
     this.runs++;
     let out: { code: number; stdout: string };
+    const timeoutMs = this.opts.timeoutMs ?? EXEC_PLUGIN_TIMEOUT_MS;
+    const abort = new AbortController();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = interactive ? null : new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        abort.abort();
+        reject(
+          new ExecPluginError(
+            `exec: executable ${cfg.command} did not finish within ${timeoutMs / 1000}s; killed`,
+          ),
+        );
+      }, timeoutMs);
+    });
     try {
-      out = await (this.opts.run ?? denoRunner)(cfg.command, cfg.args, env, interactive);
+      const run = (this.opts.run ?? denoRunner)(cfg.command, cfg.args, env, interactive, abort.signal);
+      out = await (timedOut ? Promise.race([run, timedOut]) : run);
     } catch (e) {
+      if (e instanceof ExecPluginError) { // killed after the time limit: the plugin did not finish
+        recordExecPluginCall(1, "plugin_execution_error");
+        throw e;
+      }
       recordExecPluginCall(
         1,
         e instanceof Deno.errors.NotFound ? "plugin_not_found_error" : "client_internal_error",
@@ -247,6 +276,8 @@ export class ExecAuthenticator {
         );
       }
       throw new ExecPluginError(`exec: ${(e as Error).message}`, { cause: e });
+    } finally {
+      clearTimeout(timer);
     }
     recordExecPluginCall(out.code, out.code === 0 ? "no_error" : "plugin_execution_error");
     if (out.code !== 0) {

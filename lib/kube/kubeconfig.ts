@@ -68,6 +68,16 @@ export interface LoadOptions {
   env?: (name: string) => string | undefined;
   /** Service-account directory (default /var/run/secrets/kubernetes.io/serviceaccount). */
   serviceAccountDir?: string;
+  /** Exec credential plugins: the clock expiry is checked against (tests) and the run time limit. */
+  exec?: { now?: () => number; timeoutMs?: number };
+}
+
+/**
+ * A URL fit for logs: `user:password@` (or `user@`) replaced by `redacted@`, as Go's `url.Redacted` hides the
+ * password. Text that is not a URL is returned unchanged.
+ */
+export function redactURL(raw: string): string {
+  return String(raw).replace(/^([a-zA-Z][a-zA-Z0-9+.-]*:\/\/)[^/?#@]*@/, "$1redacted@");
 }
 
 /** The default service-account mount. */
@@ -91,7 +101,7 @@ export async function loadRestConfig(opts: LoadOptions = {}): Promise<RestConfig
   const explicit = opts.kubeconfig || env("KUBECONFIG")?.split(":").find((p) => p !== "") || "";
   let cfg: RestConfig;
   if (explicit) {
-    cfg = await loadKubeconfigFile(explicit);
+    cfg = await loadKubeconfigFile(explicit, opts);
   } else if (opts.master) {
     cfg = { server: "", source: "--master" };
   } else {
@@ -182,7 +192,10 @@ function findNamed(list: unknown, name: string, field: "cluster" | "user" | "con
 }
 
 /** Loads one kubeconfig file (its current context). */
-export async function loadKubeconfigFile(path: string): Promise<RestConfig> {
+export async function loadKubeconfigFile(
+  path: string,
+  opts: Pick<LoadOptions, "exec"> = {},
+): Promise<RestConfig> {
   let text: string;
   try {
     text = await Deno.readTextFile(path);
@@ -367,7 +380,7 @@ export async function loadKubeconfigFile(path: string): Promise<RestConfig> {
       if (cluster["proxy-url"]) info["proxy-url"] = String(cluster["proxy-url"]);
       if (cluster["disable-compression"] === true) info["disable-compression"] = true;
       if (ext !== undefined) info.config = ext;
-      cfg.exec = new ExecAuthenticator(exec, info);
+      cfg.exec = new ExecAuthenticator(exec, info, { now: opts.exec?.now, timeoutMs: opts.exec?.timeoutMs });
       log.info("Kubeconfig user uses an exec credential plugin", { path, plugin: exec.command });
     }
   }

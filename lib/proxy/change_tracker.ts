@@ -16,6 +16,7 @@ import {
 import {
   endpointListsEqual,
   EndpointSliceCache,
+  type InvalidEndpointSliceCallback,
   type ServiceEndpoints,
   sliceKeys,
 } from "./endpoint_slice_cache.ts";
@@ -169,14 +170,16 @@ export class EndpointsChangeTracker {
    * @param family The family tracked (slices of other address types are ignored).
    * @param startTimeMs Tracker start: older trigger times are not measured.
    * @param countMetrics Update the endpoint-change metrics (one tracker only when dual-stack).
+   * @param onInvalid Called for the parts of a slice that are skipped as invalid.
    */
   constructor(
     nodeName: string,
     readonly family: IPFamily,
     private readonly startTimeMs: number,
     countMetrics = true,
+    onInvalid?: InvalidEndpointSliceCallback,
   ) {
-    this.cache = new EndpointSliceCache(nodeName, family);
+    this.cache = new EndpointSliceCache(nodeName, family, onInvalid);
     this.#countMetrics = countMetrics;
   }
 

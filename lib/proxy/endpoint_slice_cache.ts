@@ -10,8 +10,24 @@
  */
 import { type EndpointSlice, LABEL_SERVICE_NAME } from "../kube/types.ts";
 import { log } from "../log.ts";
-import { familyOf } from "../net/ip.ts";
+import { parseIP } from "../net/ip.ts";
 import type { EndpointInfo, IPFamily, Protocol } from "./types.ts";
+import {
+  endpointIPErrors,
+  fieldError,
+  isDNS1035Label,
+  isDNS1123Label,
+  isDNS1123Subdomain,
+  isLabelValue,
+  notSupportedError,
+  SUPPORTED_PROTOCOLS,
+} from "../kube/validation.ts";
+
+/**
+ * Reports a part of an EndpointSlice the model could not use (skipped): `reason` says what and why, in the
+ * API's words, `field` is the path of the offending field (`endpoints[2].addresses[0]`, `ports[0].name`, ...).
+ */
+export type InvalidEndpointSliceCallback = (slice: EndpointSlice, reason: string, field: string) => void;
 
 /** Key of a port inside one Service: `portName/protocol` (the ServicePortName minus the Service). */
 export function portKey(portName: string, protocol: string): string {
@@ -84,6 +100,7 @@ class Endpoint implements EndpointInfo {
 
 /** `ip:port` / `[ip]:port` as one flat string (a concatenation would keep a cons string and its parts). */
 function flatHostPort(ip: string, port: number): string {
+  // `ip` is canonical text of a parsed address: only IPv6 has a colon.
   return ip.includes(":") ? ["[", ip, "]:", port].join("") : [ip, port].join(":");
 }
 
@@ -217,7 +234,42 @@ export class EndpointSliceCache {
    * @param nodeName This node's name (for `isLocal`).
    * @param family The family this cache serves.
    */
-  constructor(readonly nodeName: string, readonly family: IPFamily) {}
+  constructor(
+    readonly nodeName: string,
+    readonly family: IPFamily,
+    private readonly onInvalid?: InvalidEndpointSliceCallback,
+  ) {}
+
+  /** Logs and reports one unusable part of a slice (the callback never breaks the cache). */
+  #invalid(slice: EndpointSlice, reason: string, field: string): void {
+    log.error(reason, undefined, {
+      endpointSlice: `${slice.metadata?.namespace ?? ""}/${slice.metadata?.name ?? ""}`,
+      ipFamily: this.family,
+    });
+    try {
+      this.onInvalid?.(slice, reason, field);
+    } catch (err) {
+      log.error("Invalid-EndpointSlice callback failed", err);
+    }
+  }
+
+  /** The API's rules for a slice's identity; false (reported) when the slice cannot be used at all. */
+  #validIdentity(slice: EndpointSlice): boolean {
+    const meta = slice.metadata ?? {};
+    const checks: [string, unknown, (v: string) => string[]][] = [
+      ["metadata.namespace", meta.namespace, isDNS1123Label],
+      ["metadata.name", meta.name, isDNS1123Subdomain],
+      [`metadata.labels[${LABEL_SERVICE_NAME}]`, meta.labels?.[LABEL_SERVICE_NAME], isDNS1035Label],
+    ];
+    for (const [path, value, check] of checks) {
+      const errs = typeof value === "string" ? check(value) : ["must be a string"];
+      if (errs.length > 0) {
+        this.#invalid(slice, `Skipping invalid EndpointSlice: ${fieldError(path, value, errs)}`, path);
+        return false;
+      }
+    }
+    return true;
+  }
 
   /**
    * Records a slice (or its removal). Returns the owning Service key when this changed the cached
@@ -227,6 +279,8 @@ export class EndpointSliceCache {
     const keys = sliceKeys(slice);
     if (!keys) return null;
     if (slice.addressType !== undefined && slice.addressType !== this.family) return null;
+    // A slice with a bad identity is not cached (its previous version, if any, stays: names are immutable).
+    if (!remove && !this.#validIdentity(slice)) return null;
     const cur = this.#slices.get(keys.serviceKey);
     const prev = cur === undefined
       ? undefined
@@ -304,10 +358,73 @@ export class EndpointSliceCache {
     return frozen;
   }
 
+  /**
+   * The first field of an endpoint the API would have refused (its address parsed as the slice's family, its
+   * node name, zone, hostname and hints), or null when the endpoint is usable.
+   */
+  #endpointProblem(
+    ep: NonNullable<EndpointSlice["endpoints"]>[number],
+    i: number,
+  ): { field: string; message: string } | null {
+    const at = `endpoints[${i}]`;
+    const addresses = ep.addresses ?? [];
+    for (let j = 0; j < addresses.length; j++) {
+      const raw = addresses[j];
+      const path = `${at}.addresses[${j}]`;
+      const parsed = typeof raw === "string" ? parseIP(raw) : null;
+      if (!parsed) return { field: path, message: fieldError(path, raw, ["must be a valid IP address"]) };
+      if (parsed.family !== this.family) {
+        return { field: path, message: fieldError(path, raw, [`must be an ${this.family} address`]) };
+      }
+      const errs = endpointIPErrors(raw, parsed.ip, this.family);
+      if (errs.length > 0) return { field: path, message: fieldError(path, raw, errs) };
+    }
+    const checks: [string, unknown, (v: string) => string[]][] = [];
+    if (ep.nodeName !== undefined && ep.nodeName !== null) {
+      checks.push([`${at}.nodeName`, ep.nodeName, isDNS1123Subdomain]);
+    }
+    if (ep.zone !== undefined && ep.zone !== null) checks.push([`${at}.zone`, ep.zone, isLabelValue]);
+    if (ep.hostname !== undefined && ep.hostname !== null) {
+      checks.push([`${at}.hostname`, ep.hostname, isDNS1123Label]);
+    }
+    for (const [k, z] of (ep.hints?.forZones ?? []).entries()) {
+      checks.push([`${at}.hints.forZones[${k}].name`, z?.name, isLabelValue]);
+    }
+    for (const [k, n] of (ep.hints?.forNodes ?? []).entries()) {
+      checks.push([`${at}.hints.forNodes[${k}].name`, n?.name, isDNS1123Subdomain]);
+    }
+    for (const [path, value, check] of checks) {
+      const errs = typeof value === "string" ? check(value) : ["must be a string"];
+      if (errs.length > 0) return { field: path, message: fieldError(path, value, errs) };
+    }
+    return null;
+  }
+
   #sliceInfo(slice: EndpointSlice, sliceName: string): SliceInfo {
     const ports: SlicePort[] = [];
-    for (const p of slice.ports ?? []) {
+    for (const [i, p] of (slice.ports ?? []).entries()) {
       if (!p) continue;
+      if (typeof p.name === "string" && p.name !== "") {
+        const errs = isDNS1123Label(p.name);
+        if (errs.length > 0) {
+          this.#invalid(
+            slice,
+            `Ignoring invalid endpoint port: ${fieldError(`ports[${i}].name`, p.name, errs)}`,
+            `ports[${i}].name`,
+          );
+          continue;
+        }
+      }
+      if (p.protocol !== undefined && p.protocol !== null && !SUPPORTED_PROTOCOLS.includes(p.protocol)) {
+        this.#invalid(
+          slice,
+          `Ignoring invalid endpoint port: ${
+            notSupportedError(`ports[${i}].protocol`, p.protocol, SUPPORTED_PROTOCOLS)
+          }`,
+          `ports[${i}].protocol`,
+        );
+        continue;
+      }
       if (p.name === undefined || p.name === null) {
         log.error("Ignoring port with nil name", undefined, { slice: slice.metadata?.name });
         continue;
@@ -325,15 +442,21 @@ export class EndpointSliceCache {
     ports.sort((a, b) => a.port - b.port);
     const strings = this.#strings;
     const parsed: { ip: string; flags: number; nodeName: string; zone: string; hints: Hints | null }[] = [];
-    for (const ep of slice.endpoints ?? []) {
-      const ip = ep?.addresses?.[0];
-      if (!ip) {
+    for (const [i, ep] of (slice.endpoints ?? []).entries()) {
+      const raw = ep?.addresses?.[0];
+      if (!raw) {
         log.error("Ignoring invalid endpoint port with empty address", undefined, {
           slice: slice.metadata?.name,
         });
         continue;
       }
-      if (familyOf(ip) !== this.family) continue;
+      const problem = this.#endpointProblem(ep, i);
+      if (problem) {
+        this.#invalid(slice, `Ignoring invalid endpoint: ${problem.message}`, problem.field);
+        continue;
+      }
+      // Canonical text of an address already checked to be of this family (upstream's ParseIPSloppy().String()).
+      const ip = parseIP(raw)!.ip;
       const c = ep.conditions ?? {};
       const zoneHints = ep.hints?.forZones?.length ? ep.hints.forZones.map((z) => z.name).sort() : null;
       const nodeHints = ep.hints?.forNodes?.length ? ep.hints.forNodes.map((n) => n.name).sort() : null;

@@ -11,6 +11,7 @@ import { log } from "../log.ts";
 import { type Clock, realClock } from "./clock.ts";
 import { parseIP } from "../net/ip.ts";
 import type { IPFamily } from "./types.ts";
+import { fieldError, isLabelValue } from "../kube/validation.ts";
 
 /** Taint set by the Cluster Autoscaler before it deletes a node. */
 export const TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler";
@@ -50,7 +51,17 @@ export function nodeEligible(node: Node | undefined | null): boolean {
 /** The node's topology labels that affect endpoint selection (only the zone, as upstream). */
 export function topologyLabels(node: Node | undefined | null): Record<string, string> {
   const zone = node?.metadata?.labels?.[LABEL_TOPOLOGY_ZONE];
-  return zone === undefined ? {} : { [LABEL_TOPOLOGY_ZONE]: zone };
+  if (zone === undefined) return {};
+  const errs = typeof zone === "string" ? isLabelValue(zone) : ["must be a string"];
+  if (errs.length > 0) {
+    // The API server refuses such a label; a Node served without that check gets no zone rather than a
+    // value that endpoint hints are matched against.
+    log.error("Ignoring invalid Node zone label", undefined, {
+      err: fieldError(`metadata.labels[${LABEL_TOPOLOGY_ZONE}]`, zone, errs),
+    });
+    return {};
+  }
+  return { [LABEL_TOPOLOGY_ZONE]: zone };
 }
 
 /** Result of {@linkcode detectNodeIPs}. */

@@ -13,10 +13,11 @@
  */
 import type { EndpointSlice, Node, Service } from "../kube/types.ts";
 import { log } from "../log.ts";
-import { familyOf } from "../net/ip.ts";
+import { parseCIDR } from "../net/ip.ts";
 import {
   networkProgrammingDuration,
   noLocalEndpointsTotal,
+  quarantinedServicePorts,
   syncFailuresTotal,
   syncFullProxyRulesDuration,
   syncPartialProxyRulesDuration,
@@ -26,9 +27,10 @@ import {
 } from "../metrics.ts";
 import { EndpointsChangeTracker, ServiceChangeTracker } from "./change_tracker.ts";
 import { type Clock, realClock, type TimerId } from "./clock.ts";
-import { portKey } from "./endpoint_slice_cache.ts";
+import { type InvalidEndpointSliceCallback, portKey } from "./endpoint_slice_cache.ts";
 import { nodeIPsOfFamily, topologyLabels } from "./node_manager.ts";
 import { BoundedFrequencyRunner } from "./runner.ts";
+import { isolateRefused } from "./isolation.ts";
 import type { InvalidServiceCallback } from "./service_port.ts";
 import { servicePortState } from "./service_plan.ts";
 import type {
@@ -68,6 +70,19 @@ export interface ProxierOptions {
   conntrackCleaner?: (snapshot: ProxySnapshot, removed: readonly ServicePortInfo[]) => Promise<void>;
   /** Called for Services with unusable fields (main.ts emits an Event). */
   onInvalidService?: InvalidServiceCallback;
+  /** Called for the parts of EndpointSlices skipped as invalid (main.ts emits an Event). */
+  onInvalidEndpointSlice?: InvalidEndpointSliceCallback;
+  /**
+   * Called for each service port whose rules the dataplane's kernel tool refused: the port is left out of
+   * the rules (the others are programmed) until its Service changes or the next full sync (main.ts emits an
+   * Event). `error` is the tool's message.
+   */
+  onQuarantine?: (port: ServicePortInfo, family: IPFamily, error: string) => void;
+  /**
+   * When a sync fails, find the refused service ports by bisection and program the rest (isolation.ts).
+   * @default true
+   */
+  isolateRefusedPorts?: boolean;
   /** Feature gate PreferSameTrafficDistribution (node hints). @default true */
   preferSameTrafficDistribution?: boolean;
 }
@@ -82,6 +97,10 @@ interface FamilyState {
   needFullSync: boolean;
   lastFullSyncAt: number | null;
   lastSnapshot: ProxySnapshot | null;
+  /** Service ports held out of the rules because the kernel tool refused them, by `nameString`. */
+  quarantine: Map<string, { serviceKey: string; error: string }>;
+  /** Services changed since the last successful sync; null before the first one (every port is suspect). */
+  unsynced: Set<string> | null;
 }
 
 /** Orchestrates the sync loop for every family. */
@@ -110,6 +129,9 @@ export class Proxier {
     this.#fullSyncPeriodMs = opts.fullSyncPeriodMs ?? FULL_SYNC_PERIOD_MS;
     const start = this.#clock.now();
     const onInvalid = opts.onInvalidService ? this.#dedupInvalid(opts.onInvalidService) : undefined;
+    const onInvalidSlice = opts.onInvalidEndpointSlice
+      ? this.#dedupInvalid(opts.onInvalidEndpointSlice)
+      : undefined;
     let first = true;
     for (const [family, dataplane] of opts.families) {
       if (dataplane.family !== family) {
@@ -119,11 +141,13 @@ export class Proxier {
         family,
         dataplane,
         services: new ServiceChangeTracker(family, onInvalid, first),
-        endpoints: new EndpointsChangeTracker(opts.nodeName, family, start, first),
+        endpoints: new EndpointsChangeTracker(opts.nodeName, family, start, first, onInvalidSlice),
         states: new Map(),
         needFullSync: true,
         lastFullSyncAt: null,
         lastSnapshot: null,
+        quarantine: new Map(),
+        unsynced: null,
       });
       // Our own failure counter starts at 0 per family: "no failed sync yet" is a measured value, and the
       // alert on its rate (deploy/monitoring/alerts.yaml) has a series to evaluate from the start.
@@ -139,7 +163,9 @@ export class Proxier {
   }
 
   /** Reports each (Service version, reason) once even though every family parses the Service. */
-  #dedupInvalid(cb: InvalidServiceCallback): InvalidServiceCallback {
+  #dedupInvalid<T extends Service | EndpointSlice, F extends string | undefined>(
+    cb: (obj: T, reason: string, field: F) => void,
+  ): (obj: T, reason: string, field: F) => void {
     const seen = new Set<string>();
     return (svc, reason, field) => {
       const id =
@@ -225,7 +251,13 @@ export class Proxier {
    * Upstream only uses the new list at its next full sync; here the next sync (queued now) carries it.
    */
   onServiceCIDRsChanged(cidrs: readonly string[]): void {
-    const sorted = [...new Set(cidrs)].sort();
+    const parsed: string[] = [];
+    for (const c of cidrs) {
+      const p = parseCIDR(String(c ?? "").trim());
+      if (p) parsed.push(p.cidr);
+      else log.error("Ignoring invalid ServiceCIDR", undefined, { cidr: c });
+    }
+    const sorted = [...new Set(parsed)].sort();
     if (sameStrings(sorted, this.#serviceCIDRs)) return;
     this.#serviceCIDRs = sorted;
     log.v(4).info("Updated service CIDRs", { cidrs: sorted });
@@ -383,21 +415,41 @@ export class Proxier {
     }
     // The trackers are drained now: if this sync fails, the next one must be full.
     f.needFullSync = true;
+    if (f.unsynced !== null) { for (const k of changedServices) f.unsynced.add(k); }
+    // Quarantined ports are tried again when their Service changes, and all of them on a full sync.
+    const retried = new Set<string>();
+    for (const [port, q] of f.quarantine) {
+      if (full || changedServices.has(q.serviceKey)) {
+        retried.add(port);
+        f.quarantine.delete(port);
+      }
+    }
 
-    const snapshot = this.#buildSnapshot(f, changedServices, selectionStale, full);
+    let snapshot = this.#buildSnapshot(f, changedServices, selectionStale, full);
     f.lastSnapshot = snapshot;
     let result: SyncResult;
     try {
       result = await f.dataplane.sync(snapshot);
     } catch (err) {
+      // Counted even when isolation then programs the rest: the sync as asked for failed.
       this.#failureCount++;
       syncFailuresTotal.inc({ ip_family: f.family });
-      log.error("Sync failed", err, {
-        ipFamily: f.family,
-        retryingTime: `${this.opts.syncPeriodMs / 1000}s`,
-      });
-      throw err;
+      const isolated = this.opts.isolateRefusedPorts === false
+        ? null
+        : await this.#isolate(f, snapshot, err, retried);
+      if (!isolated) {
+        this.#setQuarantineMetric(f);
+        log.error("Sync failed", err, {
+          ipFamily: f.family,
+          retryingTime: `${this.opts.syncPeriodMs / 1000}s`,
+        });
+        throw err;
+      }
+      ({ snapshot, result } = isolated);
+      f.lastSnapshot = snapshot;
     }
+    this.#setQuarantineMetric(f);
+    f.unsynced = new Set();
     f.needFullSync = false;
     if (result.full) f.lastFullSyncAt = now;
     const seconds = (performance.now() - start) / 1000;
@@ -427,6 +479,70 @@ export class Proxier {
         log.error("Failed to clean up stale UDP conntrack entries", err, { ipFamily: f.family });
       }
     }
+  }
+
+  #setQuarantineMetric(f: FamilyState): void {
+    quarantinedServicePorts.set({ ip_family: f.family }, f.quarantine.size);
+  }
+
+  /**
+   * After a failed sync: bisects the suspect ports (those of Services changed since the last successful sync,
+   * every port before the first one, and the quarantined ports retried now) with full syncs of subsets, puts
+   * the refused ports in quarantine (logged, reported) and returns the snapshot of the rest and its result.
+   * Null when the failure is not a port's (the trusted ports alone fail too).
+   */
+  async #isolate(
+    f: FamilyState,
+    failed: ProxySnapshot,
+    error: unknown,
+    retried: ReadonlySet<string>,
+  ): Promise<{ snapshot: ProxySnapshot; result: SyncResult } | null> {
+    const trusted: ServicePortState[] = [];
+    const suspects: ServicePortState[] = [];
+    for (const s of failed.servicePorts.values()) {
+      const suspect = f.unsynced === null || f.unsynced.has(s.info.serviceKey) ||
+        retried.has(s.info.nameString);
+      (suspect ? suspects : trusted).push(s);
+    }
+    log.error("Sync failed; looking for the service ports the dataplane refuses", error, {
+      ipFamily: f.family,
+      suspects: suspects.length,
+    });
+    const subset = (items: readonly ServicePortState[]): ProxySnapshot => {
+      const servicePorts = new Map<string, ServicePortState>();
+      let totalEndpoints = 0;
+      for (const s of items) {
+        servicePorts.set(s.info.nameString, s);
+        totalEndpoints += s.endpoints.length;
+      }
+      return { ...failed, servicePorts, changedServices: null, totalEndpoints };
+    };
+    const found = await isolateRefused(trusted, suspects, error, (items) => f.dataplane.sync(subset(items)));
+    if (!found) return null;
+    for (const { item, error: why } of found.refused) {
+      const message = errorMessage(why);
+      f.quarantine.set(item.info.nameString, { serviceKey: item.info.serviceKey, error: message });
+      log.error(
+        "Service port refused by the dataplane; leaving it out until its Service changes or the next full sync",
+        undefined,
+        {
+          ipFamily: f.family,
+          servicePort: item.info.nameString,
+          err: message,
+        },
+      );
+      try {
+        this.opts.onQuarantine?.(item.info, f.family, message);
+      } catch (err) {
+        log.error("Quarantine callback failed", err);
+      }
+    }
+    log.info("Programmed every service port but the refused ones", {
+      ipFamily: f.family,
+      attempts: found.attempts,
+      refused: found.refused.length,
+    });
+    return { snapshot: subset(found.accepted), result: found.result };
   }
 
   #buildSnapshot(
@@ -464,6 +580,7 @@ export class Proxier {
     let totalEndpoints = 0;
     for (const states of f.states.values()) {
       for (const s of states) {
+        if (f.quarantine.size > 0 && f.quarantine.has(s.info.nameString)) continue;
         servicePorts.set(s.info.nameString, s);
         totalEndpoints += s.endpoints.length;
       }
@@ -485,7 +602,8 @@ export class Proxier {
   }
 
   #familyServiceCIDRs(family: IPFamily): string[] {
-    return this.#serviceCIDRs.filter((c) => familyOf(c) === family);
+    // Parsed and canonical (onServiceCIDRsChanged): only IPv6 text has a colon.
+    return this.#serviceCIDRs.filter((c) => (c.includes(":") ? "IPv6" : "IPv4") === family);
   }
 
   #recordNoLocalEndpoints(snapshot: ProxySnapshot): void {
@@ -524,6 +642,12 @@ export class Proxier {
     server.syncServices(ports);
     server.syncEndpoints(counts);
   }
+}
+
+/** The first 300 characters of an error's message (a kernel tool's stderr can be long). */
+function errorMessage(err: unknown): string {
+  const text = err instanceof Error ? err.message : String(err);
+  return text.length > 300 ? `${text.slice(0, 300)}...` : text;
 }
 
 function sameStrings(a: readonly string[], b: readonly string[]): boolean {

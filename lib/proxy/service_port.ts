@@ -12,6 +12,7 @@ import { log } from "../log.ts";
 import { parseCIDR, parseIP } from "../net/ip.ts";
 import { flatString } from "../flat_string.ts";
 import { type IPFamily, type Protocol, type ServicePortInfo, servicePortNameString } from "./types.ts";
+import { fieldError, isDNS1035Label, isDNS1123Label } from "../kube/validation.ts";
 
 /**
  * Reports a Service whose spec could not be fully used; `reason` is a human-readable sentence, `field` the
@@ -58,8 +59,11 @@ export function clusterIPForFamily(svc: Service, family: IPFamily): string {
   const ips = spec.clusterIPs && spec.clusterIPs.length > 0 ? spec.clusterIPs : [spec.clusterIP ?? ""];
   for (const ip of ips) {
     if (!ip || ip === "None") continue;
-    const isV6 = ip.includes(":");
-    if (isV6 === (family === "IPv6")) return ip;
+    // The family of the parsed address, not a guess from the text; an unparsable entry is returned for the
+    // family it claims to be, so that the caller reports it instead of silently dropping the Service.
+    const parsed = parseIP(ip);
+    const fam = parsed ? parsed.family : (String(ip).includes(":") ? "IPv6" : "IPv4");
+    if (fam === family) return ip;
   }
   return "";
 }
@@ -115,6 +119,21 @@ export function buildServicePorts(
   };
   if (!name || !namespace) {
     invalid("Service has no name or namespace", {}, name ? "metadata.namespace" : "metadata.name");
+    return null;
+  }
+  // The API's rules for the identity that ends up in chain names, comments and set elements.
+  const nsErrs = isDNS1123Label(namespace);
+  if (nsErrs.length > 0) {
+    invalid(
+      `Skipping invalid Service: ${fieldError("metadata.namespace", namespace, nsErrs)}`,
+      {},
+      "metadata.namespace",
+    );
+    return null;
+  }
+  const nameErrs = isDNS1035Label(name);
+  if (nameErrs.length > 0) {
+    invalid(`Skipping invalid Service: ${fieldError("metadata.name", name, nameErrs)}`, {}, "metadata.name");
     return null;
   }
   const rawClusterIP = clusterIPForFamily(svc, family);
@@ -173,7 +192,17 @@ export function buildServicePorts(
   let stickyMaxAgeSeconds = 0;
   if (spec.sessionAffinity === "ClientIP") {
     const t = spec.sessionAffinityConfig?.clientIP?.timeoutSeconds;
-    stickyMaxAgeSeconds = typeof t === "number" && t > 0 ? t : DEFAULT_STICKY_MAX_AGE_SECONDS;
+    if (t !== undefined && t !== null && !(Number.isInteger(t) && t > 0 && t <= 86400)) {
+      // The API's rule (ValidateClientIPAffinityConfig); the value reaches rule text (`--seconds`, `timeout`).
+      const path = "spec.sessionAffinityConfig.clientIP.timeoutSeconds";
+      invalid(
+        `Skipping invalid Service: ${fieldError(path, t, ["must be greater than 0 and less than 86400"])}`,
+        {},
+        path,
+      );
+      return null;
+    }
+    stickyMaxAgeSeconds = typeof t === "number" ? t : DEFAULT_STICKY_MAX_AGE_SECONDS;
   }
 
   let healthCheckNodePort = 0;
@@ -190,6 +219,17 @@ export function buildServicePorts(
   const out = new Map<string, ServicePortInfo>();
   for (const [i, sp] of ((spec.ports ?? []) as (ServicePort | null)[]).entries()) {
     if (!sp) continue;
+    if (sp.name !== undefined && sp.name !== null && sp.name !== "") {
+      const errs = typeof sp.name === "string" ? isDNS1123Label(sp.name) : ["must be a string"];
+      if (errs.length > 0) {
+        invalid(
+          `Skipping invalid Service port: ${fieldError(`spec.ports[${i}].name`, sp.name, errs)}`,
+          {},
+          `spec.ports[${i}].name`,
+        );
+        continue;
+      }
+    }
     const protocol = (sp.protocol ?? "TCP") as Protocol;
     if (!PROTOCOLS.has(protocol)) {
       invalid(

@@ -91,7 +91,10 @@ Deno.test("simulator: 20k services list in pages of 500 and fan out to 3 watcher
     const ms = performance.now() - t0;
     assert.equal(n, 20_000);
     assert.equal(pages, 40);
-    assert.ok(ms < 5000, `list took ${ms} ms`);
+    // Not a speed test (bench/ measures speed): the bound only catches a list that degrades with the
+    // number of items per page or of pages (e.g. re-sorting or copying all 20k items for each page of 500),
+    // which takes minutes here. An idle machine lists them in well under a second.
+    assert.ok(ms < 30_000, `list took ${ms} ms`);
     const ctl = new AbortController();
     const got = [0, 0, 0];
     const runs = got.map(async (_, i) => {

@@ -113,10 +113,10 @@ Deno.test("exec plugin (v1): token, args, env entries, inherited environment and
 
 Deno.test("exec plugin (v1beta1): the credential is cached until expirationTimestamp, then the plugin runs again", async () => {
   const sim = await ApiServerSimulator.start({ token: "t" });
-  // Expires one second from now (RFC 3339, as plugins write it).
+  // A fixed expiry and a fake clock: no window of real time the test has to hit.
+  const exp = "2030-01-01T00:00:00Z";
   const p = await makePlugin(
-    `EXP=$(date -u -d "@$(( $(date +%s) + 1 ))" +%Y-%m-%dT%H:%M:%SZ)
-echo "{\\"apiVersion\\":\\"${V1BETA1}\\",\\"kind\\":\\"ExecCredential\\",\\"status\\":{\\"token\\":\\"t\\",\\"expirationTimestamp\\":\\"$EXP\\"}}"`,
+    `echo "{\\"apiVersion\\":\\"${V1BETA1}\\",\\"kind\\":\\"ExecCredential\\",\\"status\\":{\\"token\\":\\"t\\",\\"expirationTimestamp\\":\\"${exp}\\"}}"`,
   );
   const kc = `${p.dir}/kc.yaml`;
   // v1beta1 may leave interactiveMode out (IfAvailable).
@@ -124,15 +124,46 @@ echo "{\\"apiVersion\\":\\"${V1BETA1}\\",\\"kind\\":\\"ExecCredential\\",\\"stat
     kc,
     kubeconfig(sim.url, `      apiVersion: ${V1BETA1}\n      command: ${p.plugin}`),
   );
-  const client = await createKubeClient({ kubeconfig: kc, env: () => undefined }, { qps: 0 });
+  let now = Date.parse(exp) - 60_000;
+  const client = await createKubeClient({ kubeconfig: kc, env: () => undefined, exec: { now: () => now } }, {
+    qps: 0,
+  });
   try {
     await client.list("/api/v1/services");
+    now = Date.parse(exp); // still valid at the expiry instant itself (client-go: expired only after it)
     await client.list("/api/v1/services");
     assert.equal((await p.runs()).length, 1, "cached while valid");
-    await new Promise((r) => setTimeout(r, 2100));
+    now = Date.parse(exp) + 1000;
     await client.list("/api/v1/services");
     assert.equal((await p.runs()).length, 2, "run again after expiry");
     assert.equal((await p.runs())[0].info.apiVersion, V1BETA1);
+  } finally {
+    client.close();
+    await sim.close();
+  }
+});
+
+Deno.test("exec plugin: a plugin that hangs is killed after the time limit and the request fails", async () => {
+  const sim = await ApiServerSimulator.start({ token: "t" });
+  const p = await makePlugin(`echo $$ > "${"$"}(dirname "$0")/pid"; exec sleep 600`);
+  const kc = `${p.dir}/kc.yaml`;
+  await Deno.writeTextFile(
+    kc,
+    kubeconfig(sim.url, `      apiVersion: ${V1}\n      interactiveMode: Never\n      command: ${p.plugin}`),
+  );
+  // 300 ms: the limit under test, far below the 600 s the plugin would take.
+  const client = await createKubeClient({ kubeconfig: kc, env: () => undefined, exec: { timeoutMs: 300 } }, {
+    qps: 0,
+  });
+  try {
+    await assert.rejects(client.list("/api/v1/services"), /did not finish within 0.3s; killed/);
+    const pid = (await Deno.readTextFile(`${p.dir}/pid`)).trim();
+    // Waits for the condition (the killed process gone), up to 5 s.
+    const deadline = Date.now() + 5000;
+    while (await Deno.stat(`/proc/${pid}`).then(() => true, () => false)) {
+      assert.ok(Date.now() < deadline, `the plugin process ${pid} is still running`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
   } finally {
     client.close();
     await sim.close();

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { KubeConfigError, loadRestConfig } from "../../lib/kube/kubeconfig.ts";
+import { KubeConfigError, loadRestConfig, redactURL } from "../../lib/kube/kubeconfig.ts";
 import { createKubeClient } from "../../lib/kube/client.ts";
 import { ApiServerSimulator } from "../../testkit/apiserver.ts";
 import { svc } from "./helpers.ts";
@@ -249,4 +249,11 @@ current-context: x
     await proxy.shutdown();
     await sim.close();
   }
+});
+
+Deno.test("redactURL() hides credentials in a server URL before it is logged", () => {
+  assert.equal(redactURL("https://admin:s3cret@10.0.0.1:6443/x"), "https://redacted@10.0.0.1:6443/x");
+  assert.equal(redactURL("https://token@api.example:443"), "https://redacted@api.example:443");
+  assert.equal(redactURL("https://10.0.0.1:6443/a@b"), "https://10.0.0.1:6443/a@b");
+  assert.equal(redactURL("not a url"), "not a url");
 });

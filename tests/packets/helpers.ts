@@ -210,6 +210,8 @@ export interface SandboxAgentOptions {
   mode?: "iptables" | "nftables" | "ipvs";
   /** More flags. */
   extraArgs?: string[];
+  /** A directory put first on the agent's PATH (tool wrappers of a test; see refusingToolWrappers). */
+  pathPrefix?: string;
 }
 
 /**
@@ -223,6 +225,14 @@ export function startSandboxAgent(
   opts: SandboxAgentOptions,
 ): SandboxProcess {
   const [cmd, ...args] = agentCommand(["--kubeconfig", kubeconfig, ...sandboxAgentFlags(opts)]);
+  if (opts.pathPrefix) {
+    // Deno resolves the names in --allow-run on PATH, so the wrappers are what the agent may run and runs.
+    return sb.spawn(sb.node, "env", [
+      `PATH=${opts.pathPrefix}:${Deno.env.get("PATH") ?? "/usr/sbin:/usr/bin"}`,
+      cmd,
+      ...args,
+    ]);
+  }
   return sb.spawn(sb.node, cmd, args);
 }
 
@@ -240,4 +250,34 @@ export function sandboxAgentFlags(opts: SandboxAgentOptions): string[] {
     "-v=2",
     ...(opts.extraArgs ?? []),
   ];
+}
+
+/**
+ * Fault injection for the isolation test: a directory of wrappers, one per tool in `tools` found on PATH, that
+ * refuse (exit 1, a message on stderr) any input on stdin containing `marker` and pass everything else to the
+ * real tool unchanged. The refusal is the only pretend part: the rest of every sync reaches the real kernel.
+ */
+export async function refusingToolWrappers(tools: readonly string[], marker: string): Promise<string> {
+  const dir = await Deno.makeTempDir({ prefix: "dkp-refusing-tools-" });
+  for (const tool of tools) {
+    const which = await new Deno.Command("sh", { args: ["-c", `command -v ${tool}`] }).output();
+    const real = new TextDecoder().decode(which.stdout).trim();
+    if (which.code !== 0 || real === "") continue;
+    const script = `#!/bin/sh
+tmp=$(mktemp)
+cat > "$tmp"
+if grep -qF '${marker}' "$tmp"; then
+  rm -f "$tmp"
+  echo "${tool}: injected refusal of ${marker} (test fault injection)" >&2
+  exit 1
+fi
+"${real}" "$@" < "$tmp"
+rc=$?
+rm -f "$tmp"
+exit $rc
+`;
+    await Deno.writeTextFile(`${dir}/${tool}`, script);
+    await Deno.chmod(`${dir}/${tool}`, 0o755);
+  }
+  return dir;
 }

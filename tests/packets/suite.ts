@@ -19,12 +19,14 @@ import {
   endpointSlice,
   eventually,
   nodeObject,
+  refusingToolWrappers,
   service,
   sleep,
   startSandboxAgent,
   tally,
 } from "./helpers.ts";
 import { privilegedTest } from "../../testkit/privileged.ts";
+import type { KubeEvent } from "../../lib/kube/types.ts";
 
 const NODE = "node1";
 const OTHER_NODE = "node2";
@@ -73,21 +75,39 @@ export interface PacketMode {
   leftovers: (sb: Sandbox) => Promise<string[]>;
 }
 
+/** A ClusterIP whose rules the wrapped kernel tools refuse (isolation step); no other Service uses it. */
+const REFUSED_IP = "10.96.0.66";
+
+/** The tools whose input carries a Service's ClusterIP in each mode (wrapped to refuse REFUSED_IP). */
+const REFUSING_TOOLS: Record<PacketMode["mode"], string[]> = {
+  iptables: ["iptables", "iptables-nft", "iptables-legacy"].map((t) => `${t}-restore`),
+  nftables: ["nft"],
+  ipvs: ["ipvsadm"],
+};
+
 /** Registers the suite for one mode. */
 export function definePacketSuite(m: PacketMode): void {
   const unavailable = sandboxUnavailableReason(["ip", "conntrack", "sysctl", ...m.tools]) ?? m.unavailable;
-  const startAgent = (sb: Sandbox, kubeconfig: string): SandboxProcess =>
-    startSandboxAgent(sb, kubeconfig, {
-      nodeName: NODE,
-      syncPeriodS: SYNC_PERIOD_S,
-      mode: m.mode,
-      extraArgs: m.extraArgs,
-    });
   privilegedTest(unavailable, {
     name: `packets (${m.mode}): the agent's rules carry real traffic`,
     sanitizeResources: false,
     sanitizeOps: false,
-    fn: (t) => runSuite(t, m, startAgent),
+    fn: async (t) => {
+      const wrappers = await refusingToolWrappers(REFUSING_TOOLS[m.mode], REFUSED_IP);
+      const startAgent = (sb: Sandbox, kubeconfig: string): SandboxProcess =>
+        startSandboxAgent(sb, kubeconfig, {
+          nodeName: NODE,
+          syncPeriodS: SYNC_PERIOD_S,
+          mode: m.mode,
+          extraArgs: m.extraArgs,
+          pathPrefix: wrappers,
+        });
+      try {
+        await runSuite(t, m, startAgent);
+      } finally {
+        await Deno.remove(wrappers, { recursive: true });
+      }
+    },
   });
 }
 
@@ -109,9 +129,40 @@ async function waitServing(agent: SandboxProcess, probe: Probe): Promise<void> {
   });
 }
 
-/** Pod names answering `count` sequential TCP probes (or outcomes like `timeout`). */
+/** The value of one metric line (name with labels) of the agent's /metrics, read in the node namespace; 0 if absent. */
+async function metricLine(sb: Sandbox, name: string): Promise<number> {
+  const r = await sb.tryExec(sb.node, Deno.execPath(), [
+    "eval",
+    "const r = await fetch('http://127.0.0.1:10249/metrics'); console.log(await r.text())",
+  ]);
+  const line = r.stdout.split("\n").find((l) => l.startsWith(`${name} `));
+  return line === undefined ? 0 : Number(line.split(" ")[1]);
+}
+
+/**
+ * Probes that timed out once and answered when retried at once, as `host:port`: an emulated CPU (the IPVS VM)
+ * or a loaded machine loses the odd SYN. Logged as they happen, so a run's output shows every retry.
+ */
+export const retriedProbes: string[] = [];
+
+/**
+ * Pod names answering `count` sequential TCP probes (or outcomes like `timeout`). A probe that times out is
+ * retried once and recorded; two timeouts in a row count as a `timeout` (a real loss is not hidden).
+ */
 async function hits(probe: Probe, host: string, port: number, count: number, opts = {}): Promise<string[]> {
-  return await probe.repeat({ op: "tcp", host, port, timeoutMs: 1000, ...opts }, count);
+  const out: string[] = [];
+  for (let i = 0; i < count; i++) {
+    let r = await probe.tcp(host, port, { timeoutMs: 1000, ...opts });
+    if (r.result === "timeout") {
+      r = await probe.tcp(host, port, { timeoutMs: 1000, ...opts });
+      if (r.result !== "timeout") {
+        retriedProbes.push(`${host}:${port}`);
+        console.log(`  probe ${host}:${port} timed out once; the retry answered ${r.result}`);
+      }
+    }
+    out.push(r.result === "ok" ? r.answer!.split(" ")[0] : r.result);
+  }
+  return out;
 }
 
 async function runSuite(
@@ -275,16 +326,28 @@ async function runSuite(
       });
 
       await t.step("no endpoints: connections are refused at once", async () => {
-        const t0 = performance.now();
         const r = await pc.tcp("10.96.0.17", 80, { timeoutMs: 2000 });
+        // "refused" (not "timeout") is the REJECT. The time, measured inside the probe process (so not the
+        // test's own scheduling), shows it answered the first SYN: a reply only to a retransmitted SYN would
+        // come after Linux's first retransmission, 1 s in.
         assert.equal(r.result, "refused", JSON.stringify(r));
-        assert.ok(performance.now() - t0 < 500, `took ${performance.now() - t0} ms`);
+        assert.ok(r.elapsedMs! < 1000, `refused after ${r.elapsedMs} ms`);
         assert.equal((await pn.tcp("10.96.0.17", 80, { timeoutMs: 2000 })).result, "refused");
       });
 
-      await t.step("a removed endpoint is never chosen again within 2 s", async () => {
+      await t.step("a removed endpoint is never chosen again once the change is programmed", async () => {
         await sim!.upsert(endpointSlice("web", [local(a.ip), remote(c.ip)]));
-        await sleep(2000);
+        // Waits for the condition (20 answers in a row without pod-b: the new rules are in) instead of a fixed
+        // 2 s; 15 s bounds the propagation (min-sync-period 0: it normally takes well under a second).
+        await eventually(
+          "the removed endpoint to leave the rules",
+          async () => {
+            const seen = await hits(pn, "10.96.0.10", 80, 20);
+            return seen.includes("pod-b") ? undefined : seen;
+          },
+          15_000,
+          100,
+        );
         const got = tally(await hits(pn, "10.96.0.10", 80, 60));
         assert.deepEqual(Object.keys(got).sort(), ["pod-a", "pod-c"], JSON.stringify(got));
       });
@@ -322,6 +385,8 @@ async function runSuite(
           agent = startAgent(sb, sim!.kubeconfig);
           // The old rules stayed in place; wait for the new agent's own first (full) sync to be written.
           await agent.waitForOutput("SyncProxyRules complete", 30_000);
+          // Not a wait for a condition: the probes go on for half a second of traffic through the rules the new
+          // agent wrote, so the window checked covers both sides of its first sync.
           await sleep(500);
           probing = false;
           await prober;
@@ -375,6 +440,88 @@ async function runSuite(
             200,
           );
           assert.equal((await pc.tcp(sb.nodeIP, 30080)).result, "ok", "NodePort after the restore");
+        },
+      );
+
+      await t.step(
+        "hostile objects beside good ones: skipped or quarantined with an Event each, the rest and a later Service served",
+        async () => {
+          // Names the API server would refuse (the simulator serves them as they are), each with endpoints.
+          const hostile = ['bad"quote', "bad\nnewline", "b".repeat(300)];
+          for (const [i, name] of hostile.entries()) {
+            await sim!.upsert(service({ name, clusterIP: `10.96.0.${40 + i}` }));
+            await sim!.upsert(endpointSlice(name, [local(a.ip)], undefined, { name: `hostile-${i}` }));
+          }
+          // A valid Service whose slice holds a hostile address beside a good endpoint.
+          await sim!.upsert(service({ name: "mixed", clusterIP: "10.96.0.45" }));
+          const mixed = endpointSlice("mixed", [local(b.ip)]);
+          mixed.endpoints!.push({ addresses: [`${c.ip} -j ACCEPT`], conditions: { ready: true } });
+          await sim!.upsert(mixed);
+          // The ClusterIP and port of "web" again (an API server's allocator prevents it): a tool that refuses
+          // duplicate keys (nft) gets it quarantined, one that accepts them (iptables) serves it.
+          await sim!.upsert(service({ name: "web-dup", clusterIP: "10.96.0.10" }));
+          await sim!.upsert(endpointSlice("web-dup", [local(a.ip), remote(c.ip)]));
+          // A valid Service whose rules the (wrapped) kernel tool refuses: found by bisection and quarantined.
+          await sim!.upsert(service({ name: "refused", clusterIP: REFUSED_IP }));
+          await sim!.upsert(endpointSlice("refused", [local(a.ip)]));
+          await sim!.upsert(service({ name: "later", clusterIP: "10.96.0.46" }));
+          await sim!.upsert(endpointSlice("later", [local(c.ip)]));
+          await eventually(
+            "the Service added afterwards to be served",
+            async () => {
+              const r = await pn.tcp("10.96.0.46", 80, { timeoutMs: 1000 });
+              return r.answer?.startsWith("pod-c ") ? r : undefined;
+            },
+            30_000,
+            200,
+          );
+          assert.deepEqual(
+            new Set(await hits(pn, "10.96.0.45", 80, 20)),
+            new Set(["pod-b"]),
+            "mixed: good endpoint only",
+          );
+          const web = tally(await hits(pn, "10.96.0.10", 80, 40));
+          assert.deepEqual(Object.keys(web).sort(), ["pod-a", "pod-c"], JSON.stringify(web));
+          for (const [i] of hostile.entries()) {
+            const r = await pn.tcp(`10.96.0.${40 + i}`, 80, { timeoutMs: 500 });
+            assert.notEqual(r.result, "ok", `hostile Service ${i} is not programmed`);
+          }
+
+          const quarantined = await metricLine(
+            sb,
+            'denokubeproxy_quarantined_service_ports{ip_family="IPv4"}',
+          );
+          const events = await eventually(
+            "an Event per skipped or quarantined object",
+            async () => {
+              const evs = (await sim!.list("events")) as KubeEvent[];
+              const about = (reason: string, name: string) =>
+                evs.filter((e) => e.reason === reason && e.regarding?.name === name);
+              const want = [
+                ...hostile.map((n) => about("InvalidService", n)),
+                ...hostile.map((_, i) => about("InvalidEndpointSlice", `hostile-${i}`)),
+                about("InvalidEndpointSlice", "mixed-1"),
+                about("ServicePortQuarantined", "refused"),
+              ];
+              const dup = about("ServicePortQuarantined", "web-dup");
+              return want.every((l) => l.length > 0) && dup.length === quarantined - 1
+                ? { want, dup }
+                : undefined;
+            },
+            15_000,
+            200,
+          );
+          assert.match(events.want[0][0].note ?? "", /metadata\.name: Invalid value: "bad\\"quote"/);
+          assert.match(events.want[6][0].note ?? "", /endpoints\[1\]\.addresses\[0\]/);
+          assert.match(events.want[7][0].note ?? "", /dp\/refused:p \(IPv4\).*injected refusal/);
+          console.log(
+            `  ${m.mode}: web-dup ${
+              quarantined === 2 ? "quarantined (the tool refused it)" : "accepted by the tool"
+            }`,
+          );
+          assert.ok(quarantined === 1 || quarantined === 2, `quarantined ports: ${quarantined}`);
+          const refused = await pn.tcp(REFUSED_IP, 80, { timeoutMs: 500 });
+          assert.notEqual(refused.result, "ok", "the refused Service is left out");
         },
       );
 
