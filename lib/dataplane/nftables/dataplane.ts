@@ -1,15 +1,14 @@
 /**
  * The nftables dataplane: renders a {@linkcode ProxySnapshot} into one `nft -f -` transaction per sync and
- * family (atomic), in the `ip kube-proxy` / `ip6 kube-proxy` table upstream v1.35 writes.
+ * family (atomic), in the `ip kube-proxy` / `ip6 kube-proxy` table upstream v1.37 writes.
  *
  * - Full sync (start, after a failure, periodic, node IP or nodePortAddresses change): the fixed layout
  *   (`setupOps`), every service port's chains, affinity sets and elements; the shared maps and sets are
  *   flushed and refilled in the same transaction. The transaction is generated port by port while nft reads
  *   it (`Nftables.runOperations`: bounded chunks, no transaction-sized text). The table's chains and sets are
  *   listed once (not on partial syncs) to find leftovers of an earlier run; every existing generated chain is
- *   emptied first, except that on the first sync endpoint chains that already exist are kept as they are
- *   (their content is fixed by their name unless session affinity is involved), as upstream does to speed up
- *   restarts.
+ *   emptied first (v1.35's layout kept endpoint chains on the first sync; v1.37 has them only for affinity, and
+ *   their rules changed, so nothing is kept).
  * - Partial sync: only the changed Services. For each port the dataplane keeps only the state it last wrote
  *   (the model's own object) and renders it again to see what the kernel holds, so the transaction holds only
  *   what differs: chains whose rules changed, added and removed affinity sets and map elements. The elements of
@@ -136,7 +135,11 @@ interface FullResult {
 }
 
 const STALE_CHAIN_DELAY_MS = 1000;
-const ENDPOINT_PREFIX = "endpoint-";
+/**
+ * Upstream v1.35's (and this agent's before) chain that marked packets for masquerade; v1.37 marks inline. Upstream
+ * v1.37 leaves it behind in a table an older version wrote; the agent deletes it on a full sync that finds it.
+ */
+const LEGACY_MARK_CHAIN = "mark-for-masquerade";
 
 function elementKey(e: NftElement): string {
   return `${e.container} ${e.key}`;
@@ -443,22 +446,22 @@ export class NftablesDataplane implements Dataplane {
       nodePortIPs: this.nodePortIPs,
       serviceCIDRs: this.serviceCIDRs,
       recreateBaseChains: !this.baseChainsRecreated,
+      masqueradeAll: cfg.masqueradeAll,
+      localTraffic: cfg.localTraffic,
     });
     for (const [verb, obj] of setup) yield op(verb, obj);
     for (const c of elementContainers(this.family)) yield op("flush", c);
 
-    // As upstream (epChainSkipUpdate), only the first sync keeps existing endpoint chains, whose rules follow from
-    // their name, and only without session affinity: no affinity set of theirs may exist.
-    const firstSync = !this.everSynced && existing !== null;
-    const mayKeep = (c: string) =>
-      firstSync && c.startsWith(ENDPOINT_PREFIX) &&
-      !existing!.sets.has(`affinity-${c.slice(ENDPOINT_PREFIX.length)}`);
     // Generated chains that may be stale: what the kernel has (listed), else what this dataplane knows of.
     // Each chain a port uses is taken out as the port is written; what remains at the end is stale.
     const candidates = existing?.chains ?? this.knownChains(snapshot, due);
     if (existing !== null) {
       for (const c of existing.chains) {
-        if (isServiceChainName(c) && !mayKeep(c)) yield op("flush", { kind: "chain", name: c });
+        if (isServiceChainName(c)) yield op("flush", { kind: "chain", name: c });
+      }
+      // The v1.35 layout's masquerade helper: no rule refers to it once the chains above are emptied.
+      if (existing.chains.has(LEGACY_MARK_CHAIN)) {
+        yield op("delete", { kind: "chain", name: LEGACY_MARK_CHAIN });
       }
     }
 
@@ -475,8 +478,7 @@ export class NftablesDataplane implements Dataplane {
       }
       toWrite.length = 0;
       for (const chain of r.chains.keys()) {
-        const existed = candidates.delete(chain);
-        if (existed && existing !== null && r.affinitySets.length === 0 && mayKeep(chain)) continue;
+        candidates.delete(chain);
         toWrite.push(chain);
         yield op("add", { kind: "chain", name: chain });
         yield op("flush", { kind: "chain", name: chain });
@@ -500,8 +502,8 @@ export class NftablesDataplane implements Dataplane {
     // Leftovers: generated chains and affinity sets nobody uses now (an earlier run, or failed syncs).
     for (const c of candidates) {
       if (!isServiceChainName(c)) continue;
-      // Not emptied above (not listed, or an endpoint chain that might have been kept): emptied now.
-      if (existing === null || mayKeep(c)) {
+      // Not emptied above (not listed): emptied now.
+      if (existing === null) {
         yield op("add", { kind: "chain", name: c });
         yield op("flush", { kind: "chain", name: c });
       }

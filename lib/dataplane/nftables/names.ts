@@ -1,5 +1,5 @@
 /**
- * Names in the nftables mode's `kube-proxy` table, exactly as upstream v1.35 (`pkg/proxy/nftables/proxier.go`):
+ * Names in the nftables mode's `kube-proxy` table, exactly as upstream v1.37 (`pkg/proxy/nftables/proxier.go`):
  * the fixed chains, sets and maps, and the per-service / per-endpoint chains and affinity sets, named
  * `<prefix><HASH>-<namespace>/<service>/<protocol>/<port>[__<ip>/<port>]` where HASH is the first 8 base32
  * characters of the SHA-256 of the rest. A `/` never appears in a fixed name, which is how generated chains
@@ -30,7 +30,6 @@ export const CHAIN = {
   reject: "reject-chain",
   clusterIPsCheck: "cluster-ips-check",
   firewallCheck: "firewall-check",
-  markMasq: "mark-for-masquerade",
   masquerading: "masquerading",
 } as const;
 
@@ -43,6 +42,8 @@ export const SET = {
   noEndpointServices: "no-endpoint-services",
   noEndpointNodePorts: "no-endpoint-nodeports",
   firewallIPs: "firewall-ips",
+  /** `ep . ep . proto . port` of the endpoints on this node (hairpin traffic is masqueraded). */
+  hairpinConnections: "hairpin-connections",
 } as const;
 
 /** Longest name nft accepts (knftables `NameLengthMax`). */

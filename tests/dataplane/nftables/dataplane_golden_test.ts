@@ -1,6 +1,6 @@
 /**
- * The nftables mode against upstream's own expectations: upstream's TestOverallNFTablesRules corpus (the
- * shared fixture) is rendered by NftablesDataplane; both our transaction and upstream's expected ruleset are
+ * The nftables mode against upstream's own expectations: upstream v1.37.2's TestOverallNFTablesRules corpus
+ * (the shared fixture, its endpoints on this node as v1.37's test has them) is rendered by NftablesDataplane; both our transaction and upstream's expected ruleset are
  * loaded into a fresh network namespace each, and the kernel's `nft list table` of the two must be equal.
  */
 import assert from "node:assert/strict";
@@ -29,7 +29,7 @@ async function ourTransaction(): Promise<string> {
     nodeAddresses: ["192.168.0.2"],
     keepLastTransaction: true,
   });
-  await dp.sync(snapshot(overallFixture(), { serviceCIDRs: ["172.30.0.0/16"] }));
+  await dp.sync(snapshot(overallFixture({ localEndpoints: true }), { serviceCIDRs: ["172.30.0.0/16"] }));
   return dp.lastTransaction;
 }
 
