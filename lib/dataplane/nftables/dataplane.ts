@@ -38,7 +38,7 @@ import { type LocalTraffic, NO_LOCAL_TRAFFIC } from "../local_traffic.ts";
 import { masqueradeMark } from "../masquerade.ts";
 import { NftablesError } from "./errors.ts";
 import type { Nftables } from "./interface.ts";
-import { isAffinitySetName, isServiceChainName, TABLE } from "./names.ts";
+import { isAffinitySetName, isServiceChainName, SET, TABLE } from "./names.ts";
 import { NftablesRunner } from "./nft_runner.ts";
 import { type NftObject, writeObject } from "./objects.ts";
 import type { Operation, Transaction } from "./transaction.ts";
@@ -78,6 +78,12 @@ export interface NftablesDataplaneOptions {
   keepLastTransaction?: boolean;
   /** Wall clock in ms for the stale-chain delay (tests). */
   now?: () => number;
+  /**
+   * The KubeProxyNFTablesLocalhostNodePorts gate (alpha, default off): localhost NodePort traffic is rejected and
+   * counted per protocol (all of them; UDP and SCTP only when nodePortAddresses names loopback explicitly, where
+   * upstream serves TCP through a userspace listener, which this agent does not have).
+   */
+  localhostNodePorts?: boolean;
 }
 
 /** Sections of a partial sync's transaction, written in this order. */
@@ -184,6 +190,8 @@ export class NftablesDataplane implements Dataplane {
   private npa: NodePortAddresses | null = null;
   private nodePortIPs: string[] = [];
   private serviceCIDRs: readonly string[] = [];
+  /** Protocols whose localhost NodePort traffic is rejected (set with the node port addresses). */
+  private localhostRejects: readonly string[] = [];
   private needFull = true;
   private everSynced = false;
   private baseChainsRecreated = false;
@@ -240,6 +248,21 @@ export class NftablesDataplane implements Dataplane {
       }
     }
     return false;
+  }
+
+  /** Upstream's localhostNodePortRejectProtocols for this family's nodePortAddresses. */
+  private localhostRejectProtocols(npa: NodePortAddresses): readonly string[] {
+    if (!this.opts.localhostNodePorts) return [];
+    // A CIDR that is itself loopback (127.0.0.0/8, ::1/128), not one that merely contains it (0.0.0.0/0).
+    const explicit = npa.cidrs.some((c) => isLoopback(c.split("/")[0]));
+    if (!explicit) return ["TCP", "UDP", "SCTP"];
+    this.log.error(
+      "nodePortAddresses names loopback: upstream serves localhost TCP NodePorts through a userspace listener, " +
+        "which this agent does not implement; they are not served (UDP and SCTP are rejected and counted)",
+      undefined,
+      { nodePortAddresses: npa.cidrs },
+    );
+    return ["UDP", "SCTP"];
   }
 
   private async readNodePortIPs(): Promise<void> {
@@ -303,6 +326,7 @@ export class NftablesDataplane implements Dataplane {
       masqueradeAll: o.masqueradeAll ?? false,
       localTraffic: o.localTraffic ?? NO_LOCAL_TRAFFIC,
       nodeIP: familyNodeIP(this.family, o.nodeIP, snapshot.node.ips),
+      localhostRejects: this.localhostRejects,
     };
   }
 
@@ -313,6 +337,7 @@ export class NftablesDataplane implements Dataplane {
     }
     if (this.npa === null) {
       this.npa = newNodePortAddresses(this.family, this.opts.nodePortAddresses ?? [], snapshot.node.ips);
+      this.localhostRejects = this.localhostRejectProtocols(this.npa);
     }
     // Chains emptied at least a second ago: deleted at the end of this sync's transaction (unless it uses them
     // again). Taken out of the waiting list now, so that the syncPeriod poll does not delete them too.
@@ -448,9 +473,13 @@ export class NftablesDataplane implements Dataplane {
       recreateBaseChains: !this.baseChainsRecreated,
       masqueradeAll: cfg.masqueradeAll,
       localTraffic: cfg.localTraffic,
+      localhostRejects: this.localhostRejects,
     });
     for (const [verb, obj] of setup) yield op(verb, obj);
     for (const c of elementContainers(this.family)) yield op("flush", c);
+    if (this.localhostRejects.length > 0) {
+      yield op("flush", { kind: "map", name: SET.localhostNodePortRejects });
+    }
 
     // Generated chains that may be stale: what the kernel has (listed), else what this dataplane knows of.
     // Each chain a port uses is taken out as the port is written; what remains at the end is stale.

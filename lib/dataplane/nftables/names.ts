@@ -44,7 +44,22 @@ export const SET = {
   firewallIPs: "firewall-ips",
   /** `ep . ep . proto . port` of the endpoints on this node (hairpin traffic is masqueraded). */
   hairpinConnections: "hairpin-connections",
+  /** `proto . nodePort : goto localhost-nodeport-reject-<proto>` (KubeProxyNFTablesLocalhostNodePorts). */
+  localhostNodePortRejects: "localhost-nodeport-reject-ports",
 } as const;
+
+/** Protocols whose localhost NodePort traffic may be rejected and counted (upstream's rejectable ones). */
+export const LOCALHOST_NODEPORT_PROTOCOLS = ["TCP", "UDP", "SCTP"] as const;
+
+/** The per-protocol chain counting and rejecting localhost NodePort traffic. */
+export function localhostNodePortRejectChain(protocol: string): string {
+  return `localhost-nodeport-reject-${protocol.toLowerCase()}`;
+}
+
+/** The named counter of rejected localhost NodePort packets of a protocol. */
+export function localhostNodePortRejectedCounter(protocol: string): string {
+  return `localhost-nodeport-rejected-${protocol.toLowerCase()}`;
+}
 
 /** Longest name nft accepts (knftables `NameLengthMax`). */
 const NAME_LENGTH_MAX = 256;

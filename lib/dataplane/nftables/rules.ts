@@ -8,7 +8,16 @@
 import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
 import { cidrContains } from "../../net/ip.ts";
 import type { LocalTraffic } from "../local_traffic.ts";
-import { CHAIN, endpointNames, servicePortChainNames, SET, TABLE_COMMENT } from "./names.ts";
+import {
+  CHAIN,
+  endpointNames,
+  LOCALHOST_NODEPORT_PROTOCOLS,
+  localhostNodePortRejectChain,
+  localhostNodePortRejectedCounter,
+  servicePortChainNames,
+  SET,
+  TABLE_COMMENT,
+} from "./names.ts";
 import type { ChainHook, ChainType, Element, NftMap, NftObject, NftSet, Rule } from "./objects.ts";
 
 /** Settings that shape every service port's rules; a change of any invalidates every rendered port. */
@@ -20,6 +29,8 @@ export interface NftRenderConfig {
   readonly localTraffic: LocalTraffic;
   /** The family's node IP (loadBalancerSourceRanges self-allow); null when unknown. */
   readonly nodeIP: string | null;
+  /** Protocols (`TCP`, ...) whose localhost NodePort traffic is rejected and counted; empty without the gate. */
+  readonly localhostRejects?: readonly string[];
 }
 
 /** `ip` / `ip6`: the table family and the address match keyword. */
@@ -168,6 +179,13 @@ export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): N
   }
   // NodePort.
   if (info.nodePort !== 0) {
+    if (cfg.localhostRejects?.includes(info.protocol)) {
+      element(
+        SET.localhostNodePortRejects,
+        `${proto} . ${info.nodePort}`,
+        `goto ${localhostNodePortRejectChain(info.protocol)}`,
+      );
+    }
     if (plan.hasEndpoints) {
       element(SET.serviceNodePorts, `${proto} . ${info.nodePort}`, `goto ${externalChain}`);
     }
@@ -255,6 +273,8 @@ export interface NftSetupConfig {
   readonly serviceCIDRs: readonly string[];
   /** First full sync of this process: delete and re-create the base chains (their settings may differ). */
   readonly recreateBaseChains: boolean;
+  /** Protocols whose localhost NodePort traffic is rejected and counted (KubeProxyNFTablesLocalhostNodePorts). */
+  readonly localhostRejects: readonly string[];
   /** Mark every packet to a ClusterIP for masquerade (else only those not from local pods, when detected). */
   readonly masqueradeAll: boolean;
   readonly localTraffic: LocalTraffic;
@@ -449,6 +469,37 @@ export function setupOps(cfg: NftSetupConfig): NftOp[] {
       ? `${noLocalhost} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}`
       : `${ipX} daddr @${SET.nodePortIPs} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}`,
   );
+  // Localhost NodePorts kube-proxy does not serve: rejected and counted per protocol (with the gate); the objects of
+  // protocols not rejected (or of the whole feature) are removed, whatever an earlier configuration left.
+  const localhostMap: NftMap = {
+    kind: "map",
+    name: SET.localhostNodePortRejects,
+    type: "inet_proto . inet_service : verdict",
+    comment: "localhost NodePorts rejected by kube-proxy",
+  };
+  ops.push(["add", localhostMap]);
+  if (cfg.localhostRejects.length > 0) {
+    for (const protocol of cfg.localhostRejects) {
+      const counter = localhostNodePortRejectedCounter(protocol);
+      ops.push(["add", { kind: "counter", name: counter }]);
+      ensure(localhostNodePortRejectChain(protocol));
+      rule(localhostNodePortRejectChain(protocol), `counter name "${counter}" reject`);
+    }
+    rule(
+      CHAIN.nodePortEndpointsCheck,
+      `${cfg.family === "IPv6" ? "ip6 daddr ::1" : "ip daddr 127.0.0.0/8"} meta l4proto . th dport vmap ` +
+        `@${SET.localhostNodePortRejects}`,
+    );
+  } else {
+    ops.push(["delete", { kind: "map", name: SET.localhostNodePortRejects }]);
+  }
+  for (const protocol of LOCALHOST_NODEPORT_PROTOCOLS) {
+    if (cfg.localhostRejects.includes(protocol)) continue;
+    const chain = localhostNodePortRejectChain(protocol),
+      counter = localhostNodePortRejectedCounter(protocol);
+    ops.push(["add", { kind: "chain", name: chain }], ["delete", { kind: "chain", name: chain }]);
+    ops.push(["add", { kind: "counter", name: counter }], ["delete", { kind: "counter", name: counter }]);
+  }
   ops.push(["add", sets.get(SET.firewallIPs)!]);
   ensure(CHAIN.firewallCheck);
   rule(CHAIN.firewallCheck, `${ipX} daddr . meta l4proto . th dport vmap @${SET.firewallIPs}`);

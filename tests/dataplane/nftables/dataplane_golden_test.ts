@@ -16,7 +16,10 @@ configureLogging({ sink: () => {} });
 
 const UPSTREAM = new URL("./testdata/upstream_overall.nft", import.meta.url);
 
-/** The upstream fake proxier's settings: node 192.168.0.2, pods in 10.0.0.0/8, nodePortAddresses primary. */
+/**
+ * The upstream fake proxier's settings: node 192.168.0.2, pods in 10.0.0.0/8, nodePortAddresses primary,
+ * KubeProxyNFTablesLocalhostNodePorts on.
+ */
 async function ourTransaction(): Promise<string> {
   const r = new RecordingCommandRunner((c) =>
     c.cmd === "nft" && c.args[0] === "-j" ? { stdout: '{"nftables":[]}' } : undefined
@@ -28,6 +31,8 @@ async function ourTransaction(): Promise<string> {
     nodePortAddresses: ["primary"],
     nodeAddresses: ["192.168.0.2"],
     keepLastTransaction: true,
+    // As upstream's test: the gate on, loopback not in nodePortAddresses (every protocol rejected and counted).
+    localhostNodePorts: true,
   });
   await dp.sync(snapshot(overallFixture({ localEndpoints: true }), { serviceCIDRs: ["172.30.0.0/16"] }));
   return dp.lastTransaction;

@@ -451,3 +451,45 @@ Deno.test("an emptied chain used again before it is deleted is written, not dele
   assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([one()]));
   assert.doesNotMatch(kernel.dump(), /10\.1\.0\.2/);
 });
+
+Deno.test("KubeProxyNFTablesLocalhostNodePorts: localhost NodePorts are rejected and counted per protocol; off, nothing of it is left", async () => {
+  const kernel = new Kernel();
+  const gated = new NftablesDataplane({
+    family: "IPv4",
+    runner: new RecordingCommandRunner(),
+    nftables: kernel,
+    localTraffic: { kind: "cidr", cidr: "10.0.0.0/8" },
+    nodePortAddresses: ["primary"],
+    nodeAddresses: ["192.168.0.2"],
+    localhostNodePorts: true,
+  });
+  await gated.sync(snapshot([web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.2" }])]));
+  const tx = kernel.last;
+  for (const p of ["tcp", "udp", "sctp"]) {
+    assert.ok(tx.includes(`add counter ip kube-proxy localhost-nodeport-rejected-${p}`), p);
+    assert.ok(tx.includes(
+      `add rule ip kube-proxy localhost-nodeport-reject-${p} counter name "localhost-nodeport-rejected-${p}" reject`,
+    ));
+  }
+  assert.ok(tx.includes(
+    "add rule ip kube-proxy nodeport-endpoints-check ip daddr 127.0.0.0/8 meta l4proto . th dport vmap " +
+      "@localhost-nodeport-reject-ports",
+  ));
+  assert.ok(tx.includes(
+    "add element ip kube-proxy localhost-nodeport-reject-ports { tcp . 30020 : goto localhost-nodeport-reject-tcp }",
+  ));
+  // A NodePort added by a partial sync gets its element; a removed one loses it.
+  const np2 = makeState({ ns: "ns1", name: "np2", clusterIP: "172.30.0.30", nodePort: 30030 }, []);
+  await gated.sync(snapshot([web([{ ip: "10.1.0.1" }]), np2], { changed: ["ns1/db", "ns1/np2"] }));
+  assert.ok(
+    kernel.last.includes("delete element ip kube-proxy localhost-nodeport-reject-ports { tcp . 30020 }"),
+  );
+  assert.ok(kernel.last.includes(
+    "add element ip kube-proxy localhost-nodeport-reject-ports { tcp . 30030 : goto localhost-nodeport-reject-tcp }",
+  ));
+  // The gate switched off (a restart without it): map, chains and counters go.
+  const { dp } = setup(kernel);
+  await dp.sync(snapshot([web([{ ip: "10.1.0.1" }]), np2]));
+  assert.doesNotMatch(kernel.dump(), /localhost-nodeport/);
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }]), np2]));
+});
