@@ -8,7 +8,7 @@
  * order); a difference fails and prints a unified diff. Steps: the nft and the legacy backend, each with a
  * round of changes made while both run; five sets of rule-changing flags; and nftables mode (`nft list
  * table` of `ip`/`ip6 kube-proxy`, sets, maps and chains sorted by name, elements sorted) with both rounds
- * of changes and six flag sets of its own. `DKP_PARITY_ONLY=<step name prefix>` runs only some steps.
+ * of changes and seven flag sets of its own. `DKP_PARITY_ONLY=<step name prefix>` runs only some steps.
  *
  * Known and tracked differences are set aside on upstream's side only (testkit/rule_parity.ts
  * `UPSTREAM_NFACCT`: the nfacct counters of issue 12 item 4), so the test fails once ours emits them too
@@ -73,6 +73,11 @@ const NFT_FLAG_VARIANTS: string[][] = [
   ["--detect-local-mode=InterfaceNamePrefix", "--pod-interface-name-prefix=veth"],
   // Alpha in v1.37: localhost NodePorts rejected and counted per protocol (map, chains, named counters).
   ["--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true"],
+  // With loopback named, TCP is served by a userspace listener: only UDP and SCTP are rejected.
+  [
+    "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
+    "--nodeport-addresses=127.0.0.0/8,192.168.77.0/24",
+  ],
 ];
 
 function iptablesMode(backend: Backend): Mode {

@@ -39,6 +39,7 @@ import { masqueradeMark } from "../masquerade.ts";
 import { NftablesError } from "./errors.ts";
 import type { Nftables } from "./interface.ts";
 import { isAffinitySetName, isServiceChainName, SET, TABLE } from "./names.ts";
+import { type LocalhostNodePort, LocalhostNodePortProxy } from "./localhost_nodeport_proxy.ts";
 import { NftablesRunner } from "./nft_runner.ts";
 import { type NftObject, writeObject } from "./objects.ts";
 import type { Operation, Transaction } from "./transaction.ts";
@@ -80,8 +81,8 @@ export interface NftablesDataplaneOptions {
   now?: () => number;
   /**
    * The KubeProxyNFTablesLocalhostNodePorts gate (alpha, default off): localhost NodePort traffic is rejected and
-   * counted per protocol (all of them; UDP and SCTP only when nodePortAddresses names loopback explicitly, where
-   * upstream serves TCP through a userspace listener, which this agent does not have).
+   * counted per protocol; when nodePortAddresses names loopback explicitly, TCP NodePorts are served by a
+   * userspace listener on the family's loopback address instead (UDP and SCTP still rejected), as upstream.
    */
   localhostNodePorts?: boolean;
 }
@@ -192,6 +193,8 @@ export class NftablesDataplane implements Dataplane {
   private serviceCIDRs: readonly string[] = [];
   /** Protocols whose localhost NodePort traffic is rejected (set with the node port addresses). */
   private localhostRejects: readonly string[] = [];
+  /** The loopback listeners of TCP NodePorts (gate on and loopback named in nodePortAddresses). */
+  private localhostProxy: LocalhostNodePortProxy | null = null;
   private needFull = true;
   private everSynced = false;
   private baseChainsRecreated = false;
@@ -256,13 +259,30 @@ export class NftablesDataplane implements Dataplane {
     // A CIDR that is itself loopback (127.0.0.0/8, ::1/128), not one that merely contains it (0.0.0.0/0).
     const explicit = npa.cidrs.some((c) => isLoopback(c.split("/")[0]));
     if (!explicit) return ["TCP", "UDP", "SCTP"];
-    this.log.error(
-      "nodePortAddresses names loopback: upstream serves localhost TCP NodePorts through a userspace listener, " +
-        "which this agent does not implement; they are not served (UDP and SCTP are rejected and counted)",
-      undefined,
-      { nodePortAddresses: npa.cidrs },
-    );
+    this.localhostProxy = new LocalhostNodePortProxy(this.family, this.log);
     return ["UDP", "SCTP"];
+  }
+
+  /** Closes the localhost NodePort listeners (agent stop, tests). */
+  stop(): void {
+    this.localhostProxy?.shutdown();
+  }
+
+  /** The TCP NodePorts the loopback listeners serve, with the external policy's endpoints (upstream's). */
+  private localhostNodePorts(snapshot: ProxySnapshot): LocalhostNodePort[] {
+    const out: LocalhostNodePort[] = [];
+    for (const [name, st] of snapshot.servicePorts) {
+      if (st.info.protocol !== "TCP" || st.info.nodePort === 0) continue;
+      const eps =
+        (st.plan.externalPolicyLocal ? st.selection.localEndpoints : st.selection.clusterEndpoints) ?? [];
+      out.push({
+        name,
+        nodePort: st.info.nodePort,
+        endpoints: eps.map((e) => ({ ip: e.ip, port: e.port })),
+        affinitySeconds: st.info.stickyMaxAgeSeconds,
+      });
+    }
+    return out;
   }
 
   private async readNodePortIPs(): Promise<void> {
@@ -270,6 +290,8 @@ export class NftablesDataplane implements Dataplane {
     this.nodePortIPs = [];
     for (const ip of ips) {
       if (isLoopback(ip)) {
+        // Served by the loopback listeners (and rejected per protocol) with KubeProxyNFTablesLocalhostNodePorts.
+        if (this.localhostProxy !== null) continue;
         this.log.error(
           "--nodeport-addresses includes localhost but localhost NodePorts are not supported",
           undefined,
@@ -400,6 +422,7 @@ export class NftablesDataplane implements Dataplane {
     // A full sync's text is as big as the payload (50 MiB at 10k × 10): not kept unless asked for.
     if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
     commit();
+    this.localhostProxy?.sync(this.localhostNodePorts(snapshot));
     if (full) this.baseChainsRecreated = true;
     this.needFull = false;
     this.everSynced = true;
