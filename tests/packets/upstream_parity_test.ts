@@ -108,7 +108,10 @@ const NFTABLES_MODE: Mode = {
   known: [],
 };
 
-/** `DKP_PARITY_ONLY=nftables` (or `iptables-nft`, ...) runs only the steps whose name starts with it. */
+/**
+ * `DKP_PARITY_ONLY=nftables` (or `iptables`, ...) runs only the steps whose name starts with it. The state carries
+ * over from step to step: `iptables-legacy` alone fails (its round undoes what `iptables-nft`'s did).
+ */
 const ONLY = Deno.env.get("DKP_PARITY_ONLY") ?? "";
 
 /** A step of the test, skipped when DKP_PARITY_ONLY names other steps. */

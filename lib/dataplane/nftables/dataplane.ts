@@ -46,6 +46,7 @@ import type { Operation, Transaction } from "./transaction.ts";
 import {
   elementContainers,
   elementObject,
+  localhostNodePortHandling,
   type NftElement,
   nftFamily,
   type NftOp,
@@ -253,14 +254,11 @@ export class NftablesDataplane implements Dataplane {
     return false;
   }
 
-  /** Upstream's localhostNodePortRejectProtocols for this family's nodePortAddresses. */
+  /** Upstream's localhostNodePortRejectProtocols for this family's nodePortAddresses (and its listeners). */
   private localhostRejectProtocols(npa: NodePortAddresses): readonly string[] {
-    if (!this.opts.localhostNodePorts) return [];
-    // A CIDR that is itself loopback (127.0.0.0/8, ::1/128), not one that merely contains it (0.0.0.0/0).
-    const explicit = npa.cidrs.some((c) => isLoopback(c.split("/")[0]));
-    if (!explicit) return ["TCP", "UDP", "SCTP"];
-    this.localhostProxy = new LocalhostNodePortProxy(this.family, this.log);
-    return ["UDP", "SCTP"];
+    const h = localhostNodePortHandling(this.opts.localhostNodePorts ?? false, npa.cidrs);
+    if (h.listeners) this.localhostProxy = new LocalhostNodePortProxy(this.family, this.log);
+    return h.rejects;
   }
 
   /** Closes the localhost NodePort listeners (agent stop, tests). */

@@ -6,7 +6,7 @@
  * @module
  */
 import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
-import { cidrContains } from "../../net/ip.ts";
+import { cidrContains, isLoopback } from "../../net/ip.ts";
 import type { LocalTraffic } from "../local_traffic.ts";
 import {
   CHAIN,
@@ -31,6 +31,22 @@ export interface NftRenderConfig {
   readonly nodeIP: string | null;
   /** Protocols (`TCP`, ...) whose localhost NodePort traffic is rejected and counted; empty without the gate. */
   readonly localhostRejects?: readonly string[];
+}
+
+/**
+ * Upstream's localhost NodePort handling for one family under KubeProxyNFTablesLocalhostNodePorts: the protocols
+ * rejected and counted, and whether TCP NodePorts are served by loopback listeners (when a nodePortAddresses
+ * CIDR is itself loopback, like 127.0.0.0/8, not merely containing it, like 0.0.0.0/0).
+ */
+export function localhostNodePortHandling(
+  gate: boolean,
+  nodePortCIDRs: readonly string[],
+): { rejects: readonly string[]; listeners: boolean } {
+  if (!gate) return { rejects: [], listeners: false };
+  if (nodePortCIDRs.some((c) => isLoopback(c.split("/")[0]))) {
+    return { rejects: ["UDP", "SCTP"], listeners: true };
+  }
+  return { rejects: ["TCP", "UDP", "SCTP"], listeners: false };
 }
 
 /** `ip` / `ip6`: the table family and the address match keyword. */
