@@ -20,7 +20,7 @@
  *   memory back about 30 s after a burst), during churn
  *   (median) and peak (VmHWM), from /proc; CPU seconds per second of churn (agent, and reaped children);
  * - event → kernel latency for endpoint changes (the restore that carries `--to-destination <new IP>:8080`,
- *   nftables `dnat to <new IP>:8080`) and for added Services (the restore that carries the new cluster IP's
+ *   nftables `<new IP> . 8080` in a service chain's numgen map, or `dnat to <new IP>:8080`) and for added Services (the restore that carries the new cluster IP's
  *   `-j KUBE-SVC-` rule, nftables its `service-ips` element): handed to the kernel (restore start), in the kernel
  *   (restore exit), and beyond minSyncPeriod (`start − max(event, previous restore end + minSyncPeriod)`, the
  *   agent's own share; and the same up to the restore's exit, the agent's share plus the kernel tool's), with the
@@ -411,7 +411,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
           const upto = new Map<string, number>();
           for (const e of epEvents) {
             if (e.handed !== undefined || e.t > c.start) continue;
-            if (text.includes(probe.endpointNeedle(e.ip))) upto.set(e.slot, e.t);
+            if (probe.hasEndpoint(text, e.ip)) upto.set(e.slot, e.t);
           }
           for (const e of epEvents) {
             if (e.handed !== undefined || e.t > c.start) continue;

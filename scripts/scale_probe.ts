@@ -7,7 +7,9 @@
  * - iptables: a restore's payload holds `-A KUBE-SERVICES -m comment --comment "scale/svc-N cluster IP" ...
  *   -j KUBE-SVC-...` per Service and `--to-destination <ip>:8080` per endpoint.
  * - nftables: a transaction holds `add element ip kube-proxy service-ips { <clusterIP> . tcp . 80 : goto
- *   service-... }` per Service (both agents write upstream's elements) and `dnat to <ip>:8080` per endpoint.
+ *   service-... }` per Service (both agents write upstream's elements), and per endpoint (upstream v1.37's
+ *   layout) an element `i : <ip> . 8080` of its service chain's `numgen` map, or `dnat to <ip>:8080` when it
+ *   is the Service's only endpoint.
  * @module
  */
 import type { Call, NodeNamespace } from "./scale_netns.ts";
@@ -31,8 +33,8 @@ export interface KernelProbe {
   readonly isHousekeeping?: (text: string) => boolean;
   /** Number of Services whose cluster-IP entry is in a payload. */
   servicesIn(text: string): number;
-  /** Text a payload carries when it programs endpoint `ip`. */
-  endpointNeedle(ip: string): string;
+  /** Whether a payload programs endpoint `ip`. */
+  hasEndpoint(text: string, ip: string): boolean;
   /** Text a payload carries when it programs Service i. */
   serviceNeedle(i: number): string;
   /** Services programmed in the namespace's kernel now. */
@@ -60,7 +62,7 @@ function iptablesProbe(backend: Backend): KernelProbe {
     isV4Success: (c) =>
       c.name.startsWith("iptables") && c.name.endsWith("-restore") && c.end !== null && c.rc === 0,
     servicesIn: (text) => text.match(CLUSTER_IP_RULE)?.length ?? 0,
-    endpointNeedle: (ip) => `--to-destination ${ip}:${TARGET_PORT}`,
+    hasEndpoint: (text, ip) => text.includes(`--to-destination ${ip}:${TARGET_PORT}`),
     serviceNeedle: (i) =>
       `--comment "${SCALE_NAMESPACE}/svc-${i} cluster IP" -m tcp -p tcp -d ${
         clusterIPOf(i)
@@ -113,7 +115,10 @@ const nftProbe: KernelProbe = {
   isV4Success: (c, text) => c.name === "nft" && c.end !== null && c.rc === 0 && IPV4_TX.test(text),
   isHousekeeping: (text) => text !== "" && /^(delete chain [^\n]*\n)+$/.test(text),
   servicesIn: (text) => text.match(SERVICE_IP_ELEMENT)?.length ?? 0,
-  endpointNeedle: (ip) => `dnat to ${ip}:${TARGET_PORT}\n`,
+  // v1.37: `dnat to ip:port` for a single endpoint (or in an affinity endpoint chain), else an element of the
+  // service chain's numgen map, `… map { 0 : ip . port , 1 : … }`.
+  hasEndpoint: (text, ip) =>
+    text.includes(`dnat to ${ip}:${TARGET_PORT}\n`) || text.includes(` : ${ip} . ${TARGET_PORT} `),
   serviceNeedle: (i) =>
     `add element ip kube-proxy service-ips { ${clusterIPOf(i)} . tcp . 80 : goto service-`,
   async programmed(ns) {

@@ -123,10 +123,14 @@ export function recorder(
   });
 }
 
-/** The services and endpoints of upstream's TestOverallIPTablesRules. */
-export function overallFixture() {
+/**
+ * The services and endpoints of upstream's TestOverallIPTablesRules; with `localEndpoints`, those of v1.37's
+ * TestOverallNFTablesRules, whose svc1, svc3 and svc5 endpoints are on this node (they fill hairpin-connections).
+ */
+export function overallFixture(opts: { localEndpoints?: boolean } = {}) {
+  const local = opts.localEndpoints ?? false;
   return [
-    makeState({ ns: "ns1", name: "svc1", clusterIP: "172.30.0.41" }, [{ ip: "10.180.0.1" }]),
+    makeState({ ns: "ns1", name: "svc1", clusterIP: "172.30.0.41" }, [{ ip: "10.180.0.1", local }]),
     makeState({
       ns: "ns2",
       name: "svc2",
@@ -137,7 +141,10 @@ export function overallFixture() {
       eTPLocal: true,
       hcnp: 30000,
     }, [{ ip: "10.180.0.2" }]),
-    makeState({ ns: "ns3", name: "svc3", clusterIP: "172.30.0.43", nodePort: 3003 }, [{ ip: "10.180.0.3" }]),
+    makeState({ ns: "ns3", name: "svc3", clusterIP: "172.30.0.43", nodePort: 3003 }, [{
+      ip: "10.180.0.3",
+      local,
+    }]),
     makeState({ ns: "ns4", name: "svc4", clusterIP: "172.30.0.44", externalIPs: ["192.168.99.33"] }, [
       { ip: "10.180.0.4" },
       { ip: "10.180.0.5", local: true },
@@ -151,7 +158,7 @@ export function overallFixture() {
       hcnp: 30000,
       sourceRanges: ["203.0.113.0/25"],
       affinity: 10800,
-    }, [{ ip: "10.180.0.3" }]),
+    }, [{ ip: "10.180.0.3", local }]),
     makeState({ ns: "ns6", name: "svc6", clusterIP: "172.30.0.46" }, []),
   ];
 }

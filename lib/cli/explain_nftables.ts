@@ -1,8 +1,9 @@
 /**
- * explain for the nftables mode: the packet through the `kube-proxy` table's base chains, the shared maps
- * (firewall-ips, service-ips, service-nodeports, no-endpoint-services, no-endpoint-nodeports, cluster-ips) and
- * the port's firewall-/external-/service-/local-/endpoint- chains, with the names of names.ts and the decisions
- * of the port's plan, as rules.ts renders them.
+ * explain for the nftables mode (upstream v1.37's layout): the packet through the `kube-proxy` table's base
+ * chains, the shared maps and sets (firewall-ips, service-ips, service-nodeports, no-endpoint-services,
+ * no-endpoint-nodeports, cluster-ips, hairpin-connections) and the port's firewall-/external-/service-/local-
+ * chains (endpoint- chains only with ClientIP affinity), with the names of names.ts and the decisions of the
+ * port's plan, as rules.ts renders them.
  * @module
  */
 import { masqueradeMark } from "../dataplane/masquerade.ts";
@@ -62,6 +63,7 @@ export function explainNftables(ctx: ExplainContext): ModeExplanation {
   const { st, access } = match;
   const info = st.info, plan = st.plan, sel = st.selection;
   const n = servicePortChainNames(info.name, ctx.proto);
+  const mark = `mark set mark or ${masqueradeMark(o.masqueradeBit)}`;
   const base = {
     service: info.nameString,
     access,
@@ -143,41 +145,44 @@ export function explainNftables(ctx: ExplainContext): ModeExplanation {
     }
     const local = plan.internalUsesLocalChain;
     const chain = local ? n.local : n.cluster;
-    step(
-      `${natHook} -> ${CHAIN.services}: @${SET.serviceIPs} maps ${key} to goto ${chain}` +
-        (local ? " (internalTrafficPolicy Local: endpoints on this node only)." : "."),
-      CHAIN.services,
-      SET.serviceIPs,
-      chain,
-    );
     let masq: { masqueraded: boolean; reason: string };
     const notLocal = ifNotLocal(ctx.localTraffic, ipX);
     if (o.masqueradeAll) {
       step(
-        `${chain}: masqueradeAll is on: "${ipX} daddr ${info.clusterIP} jump ${CHAIN.markMasq}".`,
-        chain,
-        CHAIN.markMasq,
+        `${natHook} -> ${CHAIN.services}: masqueradeAll is on: "${ipX} daddr @${SET.clusterIPs} ${mark}".`,
+        CHAIN.services,
+        SET.clusterIPs,
       );
       masq = { masqueraded: true, reason: "masqueradeAll is on" };
     } else if (notLocal === null) {
       masq = { masqueraded: false, reason: `${ctx.localWhy}, so ClusterIP traffic is not masqueraded` };
     } else if (ctx.isLocalTraffic) {
       step(
-        `${chain}: "${ipX} daddr ${info.clusterIP} ${notLocal} jump ${CHAIN.markMasq}" does not match: ${ctx.localWhy}.`,
-        chain,
+        `${natHook} -> ${CHAIN.services}: "${ipX} daddr @${SET.clusterIPs} ${notLocal} ${mark}" does not ` +
+          `match: ${ctx.localWhy}.`,
+        CHAIN.services,
+        SET.clusterIPs,
       );
       masq = { masqueraded: false, reason: `local traffic keeps its source (${ctx.localWhy})` };
     } else {
       step(
-        `${chain}: "${ipX} daddr ${info.clusterIP} ${notLocal} jump ${CHAIN.markMasq}" matches (${ctx.localWhy}).`,
-        chain,
-        CHAIN.markMasq,
+        `${natHook} -> ${CHAIN.services}: "${ipX} daddr @${SET.clusterIPs} ${notLocal} ${mark}" matches ` +
+          `(${ctx.localWhy}).`,
+        CHAIN.services,
+        SET.clusterIPs,
       );
       masq = {
         masqueraded: true,
         reason: `traffic from outside the pod network is masqueraded (${ctx.localWhy})`,
       };
     }
+    step(
+      `${CHAIN.services}: @${SET.serviceIPs} maps ${key} to goto ${chain}` +
+        (local ? " (internalTrafficPolicy Local: endpoints on this node only)." : "."),
+      CHAIN.services,
+      SET.serviceIPs,
+      chain,
+    );
     return finish(
       ctx,
       st,
@@ -222,12 +227,7 @@ export function explainNftables(ctx: ExplainContext): ModeExplanation {
     );
   }
   if (!plan.externalPolicyLocal) {
-    step(
-      `${n.external}: "jump ${CHAIN.markMasq}", then "goto ${n.cluster}".`,
-      n.external,
-      CHAIN.markMasq,
-      n.cluster,
-    );
+    step(`${n.external}: "${mark}" (masquerade), then "goto ${n.cluster}".`, n.external, n.cluster);
     return finish(ctx, st, base, steps, notes, n.cluster, sel.clusterEndpoints!, {
       masqueraded: true,
       reason:
@@ -249,10 +249,9 @@ export function explainNftables(ctx: ExplainContext): ModeExplanation {
   }
   if (ctx.from === "node") {
     step(
-      `${n.external}: "fib saddr type local jump ${CHAIN.markMasq}" (masquerade local traffic) and "fib saddr type ` +
+      `${n.external}: "fib saddr type local ${mark}" (masquerade local traffic) and "fib saddr type ` +
         `local goto ${n.cluster}" (short-circuit local traffic) match: every endpoint of the Service.`,
       n.external,
-      CHAIN.markMasq,
       n.cluster,
     );
     return finish(ctx, st, base, steps, notes, n.cluster, sel.clusterEndpoints!, {
@@ -279,7 +278,7 @@ export function explainNftables(ctx: ExplainContext): ModeExplanation {
   });
 }
 
-/** Load balancing in `chain`, the endpoint chains and postrouting. */
+/** Load balancing in `chain` (and the endpoint chains with affinity), and postrouting. */
 function finish(
   ctx: ExplainContext,
   st: ServicePortState,
@@ -293,9 +292,12 @@ function finish(
   const info = st.info;
   const ipX = nftFamily(ctx.family);
   const names = servicePortChainNames(info.name, ctx.proto);
-  const epNames = eps.map((e) => endpointNames(names.base, e.ip, e.port));
   const n = eps.length;
-  if (info.stickyMaxAgeSeconds > 0) {
+  const affinity = info.stickyMaxAgeSeconds > 0;
+  // Without affinity the policy chain DNATs itself; with it, each endpoint has a chain.
+  const epNames = eps.map((e) => endpointNames(names.base, e.ip, e.port));
+  const via = affinity ? epNames.map((x) => x.chain) : eps.map(() => chain);
+  if (affinity) {
     steps.push({
       text:
         `${chain}: ClientIP affinity: "${ipX} saddr @affinity-... goto endpoint-..." sends a source seen in the ` +
@@ -303,35 +305,41 @@ function finish(
         "goes on to the random choice.",
       names: [chain, ...epNames.map((x) => x.affinitySet)],
     });
-  }
-  steps.push({
-    text: n === 1
-      ? `${chain}: "numgen random mod 1" always picks ${epNames[0].chain}, its only endpoint.`
-      : `${chain}: "numgen random mod ${n} vmap { 0 : goto ..., ${
-        n - 1
-      } : goto ... }" picks one of ${n} endpoint ` +
-        `chains, each with probability 1/${n}.`,
-    names: [chain, ...epNames.map((x) => x.chain)],
-  });
-  steps.push({
-    text:
-      `${
-        n === 1 ? epNames[0].chain : "The chosen endpoint- chain"
-      }: "meta l4proto ${ctx.proto} dnat to ip:port"` +
-      (info.stickyMaxAgeSeconds > 0 ? ` after "update @affinity-... { ${ipX} saddr }"` : "") +
-      `; its first rule ("${ipX} saddr <endpoint IP> jump ${CHAIN.markMasq}") marks a pod reaching itself.`,
-    names: epNames.map((x) => x.chain),
-  });
-  const hairpin = eps.some((e) => e.ip === ctx.src);
-  if (masq.masqueraded || hairpin) {
     steps.push({
-      text:
-        `${CHAIN.natPostrouting} -> ${CHAIN.masquerading}: a packet marked ${
-          masqueradeMark(ctx.opts.masqueradeBit)
-        } ` +
-        "is masqueraded (masquerade fully-random): the endpoint sees the node's address as the source." +
-        (masq.masqueraded ? "" : " (Here only if the chosen endpoint is the source itself.)"),
-      names: [CHAIN.masquerading, CHAIN.markMasq],
+      text: n === 1
+        ? `${chain}: "numgen random mod 1" always picks ${epNames[0].chain}, its only endpoint.`
+        : `${chain}: "numgen random mod ${n} vmap { 0 : goto ..., ${
+          n - 1
+        } : goto ... }" picks one of ${n} endpoint ` +
+          `chains, each with probability 1/${n}.`,
+      names: [chain, ...epNames.map((x) => x.chain)],
+    });
+    steps.push({
+      text: `${n === 1 ? epNames[0].chain : "The chosen endpoint- chain"}: "update @affinity-... { ${ipX} ` +
+        `saddr }", then "meta l4proto ${ctx.proto} dnat to ip:port".`,
+      names: epNames.map((x) => x.chain),
+    });
+  } else {
+    steps.push({
+      text: n === 1
+        ? `${chain}: "meta l4proto ${ctx.proto} dnat to ${eps[0].endpoint}", its only endpoint.`
+        : `${chain}: "meta l4proto ${ctx.proto} dnat ${ipX} addr . port to numgen random mod ${n} map { 0 : ` +
+          `ip . port, ... }" picks one of ${n} endpoints, each with probability 1/${n}.`,
+      names: [chain],
+    });
+  }
+  // hairpin-connections holds the endpoints on this node: a pod reaching itself through the Service.
+  const hairpin = eps.some((e) => e.isLocal && e.ip === ctx.src);
+  if (masq.masqueraded || hairpin) {
+    const m = masqueradeMark(ctx.opts.masqueradeBit);
+    steps.push({
+      text: masq.masqueraded
+        ? `${CHAIN.natPostrouting} -> ${CHAIN.masquerading}: a packet marked ${m} is masqueraded (masquerade ` +
+          "fully-random): the endpoint sees the node's address as the source."
+        : `${CHAIN.natPostrouting} -> ${CHAIN.masquerading}: "ct status dnat ${ipX} saddr . ${ipX} daddr . meta ` +
+          `l4proto . th dport @${SET.hairpinConnections}" masquerades a connection from an endpoint on this node ` +
+          "to itself (here only if the chosen endpoint is the source): it then sees the node's address as the source.",
+      names: [CHAIN.masquerading, ...(masq.masqueraded ? [] : [SET.hairpinConnections])],
     });
   }
   notes.push(...selectionNotes(st, eps));
@@ -341,8 +349,8 @@ function finish(
     nodeName: e.nodeName,
     local: e.isLocal,
     probability: uniform(n),
-    via: epNames[i].chain,
-    hairpin: e.ip === ctx.src,
+    via: via[i],
+    hairpin: e.isLocal && e.ip === ctx.src,
   }));
   return {
     ...base,

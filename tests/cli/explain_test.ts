@@ -398,14 +398,11 @@ Path:
      external-Y4HXSDIL-dp/etp/tcp/p.
   2. external-Y4HXSDIL-dp/etp/tcp/p: externalTrafficPolicy Local: "goto local-Y4HXSDIL-dp/etp/tcp/p", this
      node's endpoints only.
-  3. local-Y4HXSDIL-dp/etp/tcp/p: "numgen random mod 1" always picks
-     endpoint-EDN7X7IN-dp/etp/tcp/p__10.244.0.2/8080, its only endpoint.
-  4. endpoint-EDN7X7IN-dp/etp/tcp/p__10.244.0.2/8080: "meta l4proto tcp dnat to ip:port"; its first rule ("ip
-     saddr <endpoint IP> jump mark-for-masquerade") marks a pod reaching itself.
+  3. local-Y4HXSDIL-dp/etp/tcp/p: "meta l4proto tcp dnat to 10.244.0.2:8080", its only endpoint.
 
 Verdict:    forwarded (DNAT): to 10.244.0.2:8080
 Endpoints:
-  10.244.0.2:8080    100%  endpoint-EDN7X7IN-dp/etp/tcp/p__10.244.0.2/8080  (this node)
+  10.244.0.2:8080    100%  local-Y4HXSDIL-dp/etp/tcp/p  (this node)
 Masquerade: no - externalTrafficPolicy Local keeps the client's source IP
 Affinity:   none
 `,

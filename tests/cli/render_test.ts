@@ -177,7 +177,11 @@ Deno.test("render: takes the agent's flags and config, its own -f, and refuses w
     );
     assert.equal(r.code, 0, r.stderr);
     assert.ok(r.stdout.startsWith("# nft -f - (IPv4)\n"));
-    assert.ok(r.stdout.includes("ip saddr != 10.244.0.0/16 jump mark-for-masquerade"));
+    assert.ok(
+      r.stdout.includes(
+        "add rule ip kube-proxy services ip daddr @cluster-ips ip saddr != 10.244.0.0/16 mark set mark or 0x00004000",
+      ),
+    );
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

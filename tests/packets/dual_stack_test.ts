@@ -285,13 +285,17 @@ async function nftTable(sb: Sandbox, family: "ip" | "ip6"): Promise<string> {
   return (await sb.exec(sb.node, "nft", ["list", "table", family, "kube-proxy"])).stdout;
 }
 
-/** The endpoints (`dnat to ...` targets) the Service's TCP chain balances over, in one family's table. */
+/**
+ * The endpoints the Service's TCP chain DNATs to, in one family's table: the elements of its `numgen` map
+ * (`0 : ip . 8080, ...`), or the one `dnat to ip:8080` of a single endpoint (v1.37's layout).
+ */
 function balancedEndpoints(table: string): string[] {
-  const vmap = table.match(
-    /chain service-[A-Z0-9]{8}-dp\/ds\/tcp\/p \{[^}]*numgen random mod \d+ vmap \{([^}]*)\}/,
-  );
-  if (!vmap) return [];
-  return [...vmap[1].matchAll(/goto endpoint-[A-Z0-9]{8}-dp\/ds\/tcp\/p__(\S+)\/8080/g)].map((m) => m[1]);
+  const chain = table.match(/\tchain service-[A-Z0-9]{8}-dp\/ds\/tcp\/p \{\n([^]*?)\n\t\}\n/);
+  if (!chain) return [];
+  const map = chain[1].match(/dnat ip6? to numgen random mod \d+ map \{([^}]*)\}/);
+  if (map) return [...map[1].matchAll(/\d+ : (\S+) \. 8080/g)].map((m) => m[1]);
+  const one = chain[1].match(/dnat to \[?([0-9a-f.:]+?)\]?:8080/);
+  return one ? [one[1]] : [];
 }
 
 defineDualStack("nftables", {
@@ -299,17 +303,15 @@ defineDualStack("nftables", {
     const t4 = await nftTable(sb, "ip"), t6 = await nftTable(sb, "ip6");
     assert.match(t6, new RegExp(`${CLUSTER_IP6} \\. tcp \\. 80 : goto service-[A-Z0-9]{8}-dp/ds/tcp/p`));
     assert.match(t4, new RegExp(`${CLUSTER_IP4.replaceAll(".", "\\.")} \\. tcp \\. 80 : goto service-`));
-    // IPv6 endpoint chain names spell the address with dots (colons are not allowed in chain names).
-    assert.deepEqual(
-      balancedEndpoints(t6).sort(),
-      [ips.a6, ips.b6].map((ip) => ip.replaceAll(":", ".")).sort(),
-    );
+    assert.deepEqual(balancedEndpoints(t6).sort(), [ips.a6, ips.b6].sort());
     assert.deepEqual(balancedEndpoints(t4).sort(), [ips.a, ips.b].sort());
-    assert.match(t6, new RegExp(`dnat to \\[${ips.a6}\\]:8080`));
+    assert.match(t6, /dnat ip6 to numgen random mod 2 map /);
     assert.ok(!t6.includes(CLUSTER_IP4) && !t4.includes(CLUSTER_IP6), "a family's IP in the other table");
   },
   async endpointRemoved(sb, ips) {
-    assert.deepEqual(balancedEndpoints(await nftTable(sb, "ip6")), [ips.a6.replaceAll(":", ".")]);
+    const t6 = await nftTable(sb, "ip6");
+    assert.deepEqual(balancedEndpoints(t6), [ips.a6]);
+    assert.match(t6, new RegExp(`dnat to \\[${ips.a6}\\]:8080`), "one endpoint: a plain dnat");
     assert.deepEqual(balancedEndpoints(await nftTable(sb, "ip")).sort(), [ips.a, ips.b].sort());
   },
 });

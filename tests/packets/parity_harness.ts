@@ -73,6 +73,8 @@ export interface EndpointLite {
 /** One case of the corpus: a Service, its EndpointSlices, and its load balancer status. */
 export interface Case {
   name: string;
+  /** Default {@linkcode NS}. */
+  namespace?: string;
   spec: Record<string, unknown>;
   labels?: Record<string, string>;
   /** Slices: endpoints and address type; ports default to the Service's with targetPort. */
@@ -83,6 +85,10 @@ export interface Case {
 }
 
 const p80: PortLite[] = [{ name: "http", port: 80, targetPort: 8080 }];
+/** A namespace, a Service name and a port name as long as the API allows (63, 63, 15 characters). */
+const LIMITS_NS = "parity-at-the-api-name-limits-" + "n".repeat(33);
+const LIMITS_NAME = "service-at-the-api-name-limits-" + "s".repeat(32);
+const LIMITS_PORT = "port-name-limit";
 const local = (ip: string, extra: Partial<EndpointLite> = {}) => ({ ip, node: NODE, ...extra });
 const remote = (ip: string, extra: Partial<EndpointLite> = {}) => ({ ip, node: OTHER_NODE, ...extra });
 
@@ -205,6 +211,14 @@ export function corpus(): Case[] {
       lbIngress: [{ ip: "203.0.113.70" }],
     },
     { name: "noep", spec: { ports: p80 }, slices: [{ endpoints: [] }] },
+    // Its "ns/name:port" (143 bytes) is longer than an nftables comment may be (128).
+    {
+      name: LIMITS_NAME,
+      namespace: LIMITS_NS,
+      spec: { type: "NodePort", ports: [{ name: LIMITS_PORT, port: 80, targetPort: 8080 }] },
+      slices: [{ endpoints: [] }],
+    },
+    { name: "single", spec: { ports: p80 }, slices: [{ endpoints: [remote(REMOTE4[2])] }] },
     { name: "noslice", spec: { ports: p80 } },
     { name: "noep-np", spec: { type: "NodePort", ports: p80 }, slices: [{ endpoints: [] }] },
     {
@@ -364,7 +378,7 @@ function serviceOf(c: Case): Service {
   return {
     apiVersion: "v1",
     kind: "Service",
-    metadata: { namespace: NS, name: c.name, labels: c.labels },
+    metadata: { namespace: c.namespace ?? NS, name: c.name, labels: c.labels },
     spec,
   } as Service;
 }
@@ -374,7 +388,7 @@ function slicesOf(c: Case, svc: Service): EndpointSlice[] {
     apiVersion: "discovery.k8s.io/v1",
     kind: "EndpointSlice",
     metadata: {
-      namespace: NS,
+      namespace: c.namespace ?? NS,
       name: `${c.name}-${i}`,
       labels: {
         "kubernetes.io/service-name": c.name,
@@ -412,7 +426,7 @@ function slicesOf(c: Case, svc: Service): EndpointSlice[] {
 /** The service port keys (`ns/name:port`) kube-proxy must program for a case. */
 function portKeys(c: Case): string[] {
   if (c.programmed === false) return [];
-  return ((c.spec.ports ?? []) as PortLite[]).map((p) => `${NS}/${c.name}:${p.name}`);
+  return ((c.spec.ports ?? []) as PortLite[]).map((p) => `${c.namespace ?? NS}/${c.name}:${p.name}`);
 }
 
 /**
@@ -455,7 +469,7 @@ export class ClusterState {
     mutate(after);
     const spec: Record<string, unknown> = { ...serviceOf(after).spec };
     for (const k of Object.keys(serviceOf(before).spec!)) if (!(k in spec)) spec[k] = null;
-    const ref = { apiVersion: "v1", kind: "Service", namespace: NS, name };
+    const ref = { apiVersion: "v1", kind: "Service", namespace: before.namespace ?? NS, name };
     const svc = await this.api.patch<Service>(ref, { spec });
     this.#remember(svc);
     if (JSON.stringify(before.lbIngress) !== JSON.stringify(after.lbIngress)) await this.#setIngress(after);
@@ -501,7 +515,12 @@ export class ClusterState {
   }
 
   async #setIngress(c: Case): Promise<void> {
-    await this.api.patchStatus({ apiVersion: "v1", kind: "Service", namespace: NS, name: c.name }, {
+    await this.api.patchStatus({
+      apiVersion: "v1",
+      kind: "Service",
+      namespace: c.namespace ?? NS,
+      name: c.name,
+    }, {
       loadBalancer: { ingress: (c.lbIngress ?? []).map((i) => ({ ip: i.ip, ipMode: i.ipMode ?? "VIP" })) },
     });
   }
@@ -616,7 +635,9 @@ export async function setUpCluster(api: KubeApiServer): Promise<ClusterState> {
     } as KubeObject);
   }
   await api.create(nodeObject());
-  await api.create({ apiVersion: "v1", kind: "Namespace", metadata: { name: NS } });
+  for (const ns of new Set([NS, ...corpus().map((c) => c.namespace ?? NS)])) {
+    await api.create({ apiVersion: "v1", kind: "Namespace", metadata: { name: ns } });
+  }
   const state = new ClusterState(api);
   for (const c of corpus()) await state.add(c);
   return state;

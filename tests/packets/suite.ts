@@ -31,6 +31,16 @@ import type { KubeEvent } from "../../lib/kube/types.ts";
 const NODE = "node1";
 const OTHER_NODE = "node2";
 const SYNC_PERIOD_S = 5;
+/** A namespace and Service names as long as the API allows (63 characters), and a 15-character port name. */
+const LIMITS_NS = "packets-at-the-api-name-limits-" + "n".repeat(32);
+const LIMITS_SERVED = "served-at-the-api-name-limits-" + "s".repeat(33);
+const LIMITS_EMPTY = "empty-at-the-api-name-limits-" + "e".repeat(34);
+const LIMITS_PORT = "port-name-limit";
+
+/** A Service or EndpointSlice of the helpers moved into {@linkcode LIMITS_NS}. */
+function atLimits<T extends { metadata?: { namespace?: string } }>(obj: T): T {
+  return { ...obj, metadata: { ...obj.metadata, namespace: LIMITS_NS } };
+}
 
 /** What the steps of one mode need. */
 export interface StepContext {
@@ -232,6 +242,14 @@ async function runSuite(
       const udpPorts = [{ port: 53, protocol: "UDP" as const }];
       await sim.upsert(service({ name: "dns", clusterIP: "10.96.0.18", ports: udpPorts }));
       await sim.upsert(endpointSlice("dns", [local(a.ip)], udpPorts));
+      // At the API's name limits: "namespace/name:port" is 143 bytes, longer than an nftables comment may be.
+      const limitsPort = (nodePort: number) => [{ name: LIMITS_PORT, port: 80, nodePort }];
+      const limitsSvc = (name: string, clusterIP: string, nodePort: number) =>
+        atLimits(service({ name, clusterIP, type: "NodePort", ports: limitsPort(nodePort) }));
+      await sim.upsert(limitsSvc(LIMITS_SERVED, "10.96.0.19", 30087));
+      await sim.upsert(atLimits(endpointSlice(LIMITS_SERVED, [local(a.ip)], limitsPort(30087))));
+      await sim.upsert(limitsSvc(LIMITS_EMPTY, "10.96.0.20", 30088));
+      await sim.upsert(atLimits(endpointSlice(LIMITS_EMPTY, [], limitsPort(30088))));
 
       agent = startAgent(sb, sim.kubeconfig);
       const x = sb.pod("pod-x");
@@ -271,6 +289,28 @@ async function runSuite(
       for (const [name, fn] of m.extraSteps ?? []) {
         await t.step(name, () => fn({ sb, sim: sim!, agent: agent!, pc, pn, px }));
       }
+
+      await t.step(
+        "Services at the API's name limits, with and without endpoints, are served and rejected beside the " +
+          "others; a Service added afterwards is served",
+        async () => {
+          for (const probe of [pn, px]) {
+            assert.equal((await probe.tcp("10.96.0.19", 80)).answer?.split(" ")[0], "pod-a");
+            assert.equal((await probe.tcp("10.96.0.20", 80, { timeoutMs: 2000 })).result, "refused");
+          }
+          assert.equal((await pc.tcp(sb.nodeIP, 30087)).answer?.split(" ")[0], "pod-a");
+          assert.equal((await pc.tcp(sb.nodeIP, 30088, { timeoutMs: 2000 })).result, "refused");
+          assert.equal((await pn.tcp("10.96.0.10", 80)).result, "ok", "an ordinary Service beside them");
+          await sim!.upsert(service({ name: "late", clusterIP: "10.96.0.21" }));
+          await sim!.upsert(endpointSlice("late", [local(b.ip)]));
+          // Bound: one partial sync after the two events (the agent runs with --iptables-min-sync-period=0s).
+          await eventually("the Service added afterwards to be served", async () => {
+            const r = await pn.tcp("10.96.0.21", 80, { timeoutMs: 300 });
+            return r.answer?.startsWith("pod-b ") ? r : undefined;
+          }, 5000);
+          assert.equal((await px.tcp("10.96.0.20", 80, { timeoutMs: 2000 })).result, "refused");
+        },
+      );
 
       await t.step("loadBalancerSourceRanges allow the listed client and drop others", async () => {
         assert.equal((await pc.tcp("172.30.0.11", 80)).answer?.split(" ")[0], "pod-a");

@@ -1,15 +1,14 @@
 /**
  * The nftables dataplane: renders a {@linkcode ProxySnapshot} into one `nft -f -` transaction per sync and
- * family (atomic), in the `ip kube-proxy` / `ip6 kube-proxy` table upstream v1.35 writes.
+ * family (atomic), in the `ip kube-proxy` / `ip6 kube-proxy` table upstream v1.37 writes.
  *
  * - Full sync (start, after a failure, periodic, node IP or nodePortAddresses change): the fixed layout
  *   (`setupOps`), every service port's chains, affinity sets and elements; the shared maps and sets are
  *   flushed and refilled in the same transaction. The transaction is generated port by port while nft reads
  *   it (`Nftables.runOperations`: bounded chunks, no transaction-sized text). The table's chains and sets are
  *   listed once (not on partial syncs) to find leftovers of an earlier run; every existing generated chain is
- *   emptied first, except that on the first sync endpoint chains that already exist are kept as they are
- *   (their content is fixed by their name unless session affinity is involved), as upstream does to speed up
- *   restarts.
+ *   emptied first (v1.35's layout kept endpoint chains on the first sync; v1.37 has them only for affinity, and
+ *   their rules changed, so nothing is kept).
  * - Partial sync: only the changed Services. For each port the dataplane keeps only the state it last wrote
  *   (the model's own object) and renders it again to see what the kernel holds, so the transaction holds only
  *   what differs: chains whose rules changed, added and removed affinity sets and map elements. The elements of
@@ -39,13 +38,15 @@ import { type LocalTraffic, NO_LOCAL_TRAFFIC } from "../local_traffic.ts";
 import { masqueradeMark } from "../masquerade.ts";
 import { NftablesError } from "./errors.ts";
 import type { Nftables } from "./interface.ts";
-import { isAffinitySetName, isServiceChainName, TABLE } from "./names.ts";
+import { isAffinitySetName, isServiceChainName, SET, TABLE } from "./names.ts";
+import { type LocalhostNodePort, LocalhostNodePortProxy } from "./localhost_nodeport_proxy.ts";
 import { NftablesRunner } from "./nft_runner.ts";
 import { type NftObject, writeObject } from "./objects.ts";
 import type { Operation, Transaction } from "./transaction.ts";
 import {
   elementContainers,
   elementObject,
+  localhostNodePortHandling,
   type NftElement,
   nftFamily,
   type NftOp,
@@ -79,6 +80,12 @@ export interface NftablesDataplaneOptions {
   keepLastTransaction?: boolean;
   /** Wall clock in ms for the stale-chain delay (tests). */
   now?: () => number;
+  /**
+   * The KubeProxyNFTablesLocalhostNodePorts gate (alpha, default off): localhost NodePort traffic is rejected and
+   * counted per protocol; when nodePortAddresses names loopback explicitly, TCP NodePorts are served by a
+   * userspace listener on the family's loopback address instead (UDP and SCTP still rejected), as upstream.
+   */
+  localhostNodePorts?: boolean;
 }
 
 /** Sections of a partial sync's transaction, written in this order. */
@@ -136,7 +143,11 @@ interface FullResult {
 }
 
 const STALE_CHAIN_DELAY_MS = 1000;
-const ENDPOINT_PREFIX = "endpoint-";
+/**
+ * Upstream v1.35's (and this agent's before) chain that marked packets for masquerade; v1.37 marks inline. Upstream
+ * v1.37 leaves it behind in a table an older version wrote; the agent deletes it on a full sync that finds it.
+ */
+const LEGACY_MARK_CHAIN = "mark-for-masquerade";
 
 function elementKey(e: NftElement): string {
   return `${e.container} ${e.key}`;
@@ -181,6 +192,10 @@ export class NftablesDataplane implements Dataplane {
   private npa: NodePortAddresses | null = null;
   private nodePortIPs: string[] = [];
   private serviceCIDRs: readonly string[] = [];
+  /** Protocols whose localhost NodePort traffic is rejected (set with the node port addresses). */
+  private localhostRejects: readonly string[] = [];
+  /** The loopback listeners of TCP NodePorts (gate on and loopback named in nodePortAddresses). */
+  private localhostProxy: LocalhostNodePortProxy | null = null;
   private needFull = true;
   private everSynced = false;
   private baseChainsRecreated = false;
@@ -239,11 +254,42 @@ export class NftablesDataplane implements Dataplane {
     return false;
   }
 
+  /** Upstream's localhostNodePortRejectProtocols for this family's nodePortAddresses (and its listeners). */
+  private localhostRejectProtocols(npa: NodePortAddresses): readonly string[] {
+    const h = localhostNodePortHandling(this.opts.localhostNodePorts ?? false, npa.cidrs);
+    if (h.listeners) this.localhostProxy = new LocalhostNodePortProxy(this.family, this.log);
+    return h.rejects;
+  }
+
+  /** Closes the localhost NodePort listeners (agent stop, tests). */
+  stop(): void {
+    this.localhostProxy?.shutdown();
+  }
+
+  /** The TCP NodePorts the loopback listeners serve, with the external policy's endpoints (upstream's). */
+  private localhostNodePorts(snapshot: ProxySnapshot): LocalhostNodePort[] {
+    const out: LocalhostNodePort[] = [];
+    for (const [name, st] of snapshot.servicePorts) {
+      if (st.info.protocol !== "TCP" || st.info.nodePort === 0) continue;
+      const eps =
+        (st.plan.externalPolicyLocal ? st.selection.localEndpoints : st.selection.clusterEndpoints) ?? [];
+      out.push({
+        name,
+        nodePort: st.info.nodePort,
+        endpoints: eps.map((e) => ({ ip: e.ip, port: e.port })),
+        affinitySeconds: st.info.stickyMaxAgeSeconds,
+      });
+    }
+    return out;
+  }
+
   private async readNodePortIPs(): Promise<void> {
     const ips = await nodePortIPs(this.npa!, this.runner, this.log, this.opts.nodeAddresses);
     this.nodePortIPs = [];
     for (const ip of ips) {
       if (isLoopback(ip)) {
+        // Served by the loopback listeners (and rejected per protocol) with KubeProxyNFTablesLocalhostNodePorts.
+        if (this.localhostProxy !== null) continue;
         this.log.error(
           "--nodeport-addresses includes localhost but localhost NodePorts are not supported",
           undefined,
@@ -300,6 +346,7 @@ export class NftablesDataplane implements Dataplane {
       masqueradeAll: o.masqueradeAll ?? false,
       localTraffic: o.localTraffic ?? NO_LOCAL_TRAFFIC,
       nodeIP: familyNodeIP(this.family, o.nodeIP, snapshot.node.ips),
+      localhostRejects: this.localhostRejects,
     };
   }
 
@@ -310,6 +357,7 @@ export class NftablesDataplane implements Dataplane {
     }
     if (this.npa === null) {
       this.npa = newNodePortAddresses(this.family, this.opts.nodePortAddresses ?? [], snapshot.node.ips);
+      this.localhostRejects = this.localhostRejectProtocols(this.npa);
     }
     // Chains emptied at least a second ago: deleted at the end of this sync's transaction (unless it uses them
     // again). Taken out of the waiting list now, so that the syncPeriod poll does not delete them too.
@@ -372,6 +420,7 @@ export class NftablesDataplane implements Dataplane {
     // A full sync's text is as big as the payload (50 MiB at 10k × 10): not kept unless asked for.
     if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
     commit();
+    this.localhostProxy?.sync(this.localhostNodePorts(snapshot));
     if (full) this.baseChainsRecreated = true;
     this.needFull = false;
     this.everSynced = true;
@@ -443,22 +492,26 @@ export class NftablesDataplane implements Dataplane {
       nodePortIPs: this.nodePortIPs,
       serviceCIDRs: this.serviceCIDRs,
       recreateBaseChains: !this.baseChainsRecreated,
+      masqueradeAll: cfg.masqueradeAll,
+      localTraffic: cfg.localTraffic,
+      localhostRejects: this.localhostRejects,
     });
     for (const [verb, obj] of setup) yield op(verb, obj);
     for (const c of elementContainers(this.family)) yield op("flush", c);
+    if (this.localhostRejects.length > 0) {
+      yield op("flush", { kind: "map", name: SET.localhostNodePortRejects });
+    }
 
-    // As upstream (epChainSkipUpdate), only the first sync keeps existing endpoint chains, whose rules follow from
-    // their name, and only without session affinity: no affinity set of theirs may exist.
-    const firstSync = !this.everSynced && existing !== null;
-    const mayKeep = (c: string) =>
-      firstSync && c.startsWith(ENDPOINT_PREFIX) &&
-      !existing!.sets.has(`affinity-${c.slice(ENDPOINT_PREFIX.length)}`);
     // Generated chains that may be stale: what the kernel has (listed), else what this dataplane knows of.
     // Each chain a port uses is taken out as the port is written; what remains at the end is stale.
     const candidates = existing?.chains ?? this.knownChains(snapshot, due);
     if (existing !== null) {
       for (const c of existing.chains) {
-        if (isServiceChainName(c) && !mayKeep(c)) yield op("flush", { kind: "chain", name: c });
+        if (isServiceChainName(c)) yield op("flush", { kind: "chain", name: c });
+      }
+      // The v1.35 layout's masquerade helper: no rule refers to it once the chains above are emptied.
+      if (existing.chains.has(LEGACY_MARK_CHAIN)) {
+        yield op("delete", { kind: "chain", name: LEGACY_MARK_CHAIN });
       }
     }
 
@@ -475,8 +528,7 @@ export class NftablesDataplane implements Dataplane {
       }
       toWrite.length = 0;
       for (const chain of r.chains.keys()) {
-        const existed = candidates.delete(chain);
-        if (existed && existing !== null && r.affinitySets.length === 0 && mayKeep(chain)) continue;
+        candidates.delete(chain);
         toWrite.push(chain);
         yield op("add", { kind: "chain", name: chain });
         yield op("flush", { kind: "chain", name: chain });
@@ -500,8 +552,8 @@ export class NftablesDataplane implements Dataplane {
     // Leftovers: generated chains and affinity sets nobody uses now (an earlier run, or failed syncs).
     for (const c of candidates) {
       if (!isServiceChainName(c)) continue;
-      // Not emptied above (not listed, or an endpoint chain that might have been kept): emptied now.
-      if (existing === null || mayKeep(c)) {
+      // Not emptied above (not listed): emptied now.
+      if (existing === null) {
         yield op("add", { kind: "chain", name: c });
         yield op("flush", { kind: "chain", name: c });
       }

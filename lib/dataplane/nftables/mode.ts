@@ -106,6 +106,7 @@ export function newNftablesMode(host: NftablesHost = {}): DataplaneMode {
             nodePortAddresses: o.nodePortAddresses,
             nodeIP: cfg.bindAddress,
             logger: ctx.logger,
+            localhostNodePorts: o.featureGates["KubeProxyNFTablesLocalhostNodePorts"] ?? false,
           }),
         );
       }

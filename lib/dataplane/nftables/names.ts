@@ -1,5 +1,5 @@
 /**
- * Names in the nftables mode's `kube-proxy` table, exactly as upstream v1.35 (`pkg/proxy/nftables/proxier.go`):
+ * Names in the nftables mode's `kube-proxy` table, exactly as upstream v1.37 (`pkg/proxy/nftables/proxier.go`):
  * the fixed chains, sets and maps, and the per-service / per-endpoint chains and affinity sets, named
  * `<prefix><HASH>-<namespace>/<service>/<protocol>/<port>[__<ip>/<port>]` where HASH is the first 8 base32
  * characters of the SHA-256 of the rest. A `/` never appears in a fixed name, which is how generated chains
@@ -30,7 +30,6 @@ export const CHAIN = {
   reject: "reject-chain",
   clusterIPsCheck: "cluster-ips-check",
   firewallCheck: "firewall-check",
-  markMasq: "mark-for-masquerade",
   masquerading: "masquerading",
 } as const;
 
@@ -43,7 +42,24 @@ export const SET = {
   noEndpointServices: "no-endpoint-services",
   noEndpointNodePorts: "no-endpoint-nodeports",
   firewallIPs: "firewall-ips",
+  /** `ep . ep . proto . port` of the endpoints on this node (hairpin traffic is masqueraded). */
+  hairpinConnections: "hairpin-connections",
+  /** `proto . nodePort : goto localhost-nodeport-reject-<proto>` (KubeProxyNFTablesLocalhostNodePorts). */
+  localhostNodePortRejects: "localhost-nodeport-reject-ports",
 } as const;
+
+/** Protocols whose localhost NodePort traffic may be rejected and counted (upstream's rejectable ones). */
+export const LOCALHOST_NODEPORT_PROTOCOLS = ["TCP", "UDP", "SCTP"] as const;
+
+/** The per-protocol chain counting and rejecting localhost NodePort traffic. */
+export function localhostNodePortRejectChain(protocol: string): string {
+  return `localhost-nodeport-reject-${protocol.toLowerCase()}`;
+}
+
+/** The named counter of rejected localhost NodePort packets of a protocol. */
+export function localhostNodePortRejectedCounter(protocol: string): string {
+  return `localhost-nodeport-rejected-${protocol.toLowerCase()}`;
+}
 
 /** Longest name nft accepts (knftables `NameLengthMax`). */
 const NAME_LENGTH_MAX = 256;

@@ -216,7 +216,8 @@ function readBraces(t: string[], open: number): { elements: string[][]; next: nu
  *   intervals merged (`{ 10.0.0.0/24, 10.0.1.0/24 }` → `{ 10.0.0.0/23 }`);
  * - anonymous verdict maps are sorted by key and print `, ` without the space before the comma;
  * - `meta l4proto 6` → `meta l4proto tcp`; `iifname eth0` → `iifname "eth0"`;
- * - `counter` → `counter packets 0 bytes 0`; `counter name x` → `counter name "x"`.
+ * - `counter` → `counter packets 0 bytes 0`; `counter name x` → `counter name "x"`;
+ * - `dnat ip addr . port to numgen … map { … }` → `dnat ip to numgen … map { … }` (ip6 alike).
  */
 export function canonicalRule(text: string): string {
   const t = tokenize(text);
@@ -252,6 +253,14 @@ export function canonicalRule(text: string): string {
       inMark = false;
     }
     if (w === "==" && SELECTOR_ENDS.has(prev)) continue;
+    if (
+      prev === "dnat" && (w === "ip" || w === "ip6") && t[i + 1] === "addr" && t[i + 2] === "." &&
+      t[i + 3] === "port" && t[i + 4] === "to"
+    ) {
+      out.push(w, "to");
+      i += 4;
+      continue;
+    }
     if (w === "{") {
       const { elements, next } = readBraces(t, i);
       if (prev === "vmap" || prev === "map") {

@@ -1,14 +1,23 @@
 /**
- * nftables rendering, rule for rule as upstream v1.35's nftables proxier (`setupNFTables` and the per-service
+ * nftables rendering, rule for rule as upstream v1.37's nftables proxier (`setupNFTables` and the per-service
  * loop of `syncProxyRules`): the fixed table layout as nftables objects, and for each service port its own
  * chains (rule text in nft syntax), affinity sets and the elements it puts into the shared maps and sets;
  * `dataplane.ts` decides what of it goes into a transaction.
  * @module
  */
 import type { EndpointInfo, IPFamily, ServicePortState } from "../../proxy/types.ts";
-import { cidrContains } from "../../net/ip.ts";
+import { cidrContains, isLoopback } from "../../net/ip.ts";
 import type { LocalTraffic } from "../local_traffic.ts";
-import { CHAIN, endpointNames, servicePortChainNames, SET, TABLE_COMMENT } from "./names.ts";
+import {
+  CHAIN,
+  endpointNames,
+  LOCALHOST_NODEPORT_PROTOCOLS,
+  localhostNodePortRejectChain,
+  localhostNodePortRejectedCounter,
+  servicePortChainNames,
+  SET,
+  TABLE_COMMENT,
+} from "./names.ts";
 import type { ChainHook, ChainType, Element, NftMap, NftObject, NftSet, Rule } from "./objects.ts";
 
 /** Settings that shape every service port's rules; a change of any invalidates every rendered port. */
@@ -20,6 +29,24 @@ export interface NftRenderConfig {
   readonly localTraffic: LocalTraffic;
   /** The family's node IP (loadBalancerSourceRanges self-allow); null when unknown. */
   readonly nodeIP: string | null;
+  /** Protocols (`TCP`, ...) whose localhost NodePort traffic is rejected and counted; empty without the gate. */
+  readonly localhostRejects?: readonly string[];
+}
+
+/**
+ * Upstream's localhost NodePort handling for one family under KubeProxyNFTablesLocalhostNodePorts: the protocols
+ * rejected and counted, and whether TCP NodePorts are served by loopback listeners (when a nodePortAddresses
+ * CIDR is itself loopback, like 127.0.0.0/8, not merely containing it, like 0.0.0.0/0).
+ */
+export function localhostNodePortHandling(
+  gate: boolean,
+  nodePortCIDRs: readonly string[],
+): { rejects: readonly string[]; listeners: boolean } {
+  if (!gate) return { rejects: [], listeners: false };
+  if (nodePortCIDRs.some((c) => isLoopback(c.split("/")[0]))) {
+    return { rejects: ["UDP", "SCTP"], listeners: true };
+  }
+  return { rejects: ["TCP", "UDP", "SCTP"], listeners: false };
 }
 
 /** `ip` / `ip6`: the table family and the address match keyword. */
@@ -78,6 +105,17 @@ export function ifNotLocal(lt: LocalTraffic, ipX: string): string | null {
   }
 }
 
+/** Longest comment nft accepts, in bytes (knftables `CommentLengthMax`). */
+export const COMMENT_LENGTH_MAX = 128;
+
+/** `s` cut to {@linkcode COMMENT_LENGTH_MAX} bytes, as upstream's `truncateNFTablesComment` (#139516). */
+export function truncateComment(s: string): string {
+  const bytes = new TextEncoder().encode(s);
+  if (bytes.length <= COMMENT_LENGTH_MAX) return s;
+  // Names are ASCII; a multi-byte character cut in half would be dropped rather than split.
+  return new TextDecoder().decode(bytes.subarray(0, COMMENT_LENGTH_MAX)).replace(/\uFFFD$/, "");
+}
+
 /** Renders one service port exactly as upstream's per-service loop body. */
 export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): NftPortRender {
   const { info, selection: sel, plan } = st;
@@ -85,7 +123,8 @@ export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): N
   const proto = info.protocol.toLowerCase();
   const names = servicePortChainNames(info.name, proto);
   const port = String(info.port);
-  const comment = info.nameString;
+  // nft refuses comments over 128 bytes; a Service at the API's name limits has a longer name (#139516).
+  const comment = truncateComment(info.nameString);
   const epNames = new Map<string, ReturnType<typeof endpointNames>>();
   const namesOf = (ep: EndpointInfo) => {
     let n = epNames.get(ep.endpoint);
@@ -110,7 +149,16 @@ export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): N
   const element = (container: string, key: string, value: string | null, withComment = false) =>
     elements.push({ container, key, value, comment: withComment ? comment : null });
 
+  // Only ClientIP affinity uses per-endpoint chains (each records the client in its affinity set).
+  const affinity = info.stickyMaxAgeSeconds > 0;
+
   // Chains in upstream's order of creation (the order matters only for readability of a transaction).
+  for (const ep of sel.allReachableEndpoints) {
+    if (affinity) chain(namesOf(ep).chain);
+    // Endpoints on this node: a connection from the endpoint to itself through the Service is masqueraded
+    // (`masquerading` matches `ct status dnat` connections in this set).
+    if (ep.isLocal) element(SET.hairpinConnections, `${ep.ip} . ${ep.ip} . ${proto} . ${ep.port}`, null);
+  }
   if (plan.usesClusterPolicyChain) chain(clusterChain);
   if (plan.usesLocalPolicyChain) chain(localChain);
   if (plan.usesExternalChain) chain(externalChain);
@@ -147,6 +195,13 @@ export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): N
   }
   // NodePort.
   if (info.nodePort !== 0) {
+    if (cfg.localhostRejects?.includes(info.protocol)) {
+      element(
+        SET.localhostNodePortRejects,
+        `${proto} . ${info.nodePort}`,
+        `goto ${localhostNodePortRejectChain(info.protocol)}`,
+      );
+    }
     if (plan.hasEndpoints) {
       element(SET.serviceNodePorts, `${proto} . ${info.nodePort}`, `goto ${externalChain}`);
     }
@@ -155,27 +210,18 @@ export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): N
     }
   }
 
-  // Internal traffic: masquerade off-cluster sources (or everything with masqueradeAll).
-  if (plan.hasInternalEndpoints) {
-    if (cfg.masqueradeAll) {
-      chain(internalChain).push(`${ipX} daddr ${info.clusterIP} jump ${CHAIN.markMasq}`);
-    } else {
-      const notLocal = ifNotLocal(cfg.localTraffic, ipX);
-      if (notLocal !== null) {
-        chain(internalChain).push(`${ipX} daddr ${info.clusterIP} ${notLocal} jump ${CHAIN.markMasq}`);
-      }
-    }
-  }
+  // (Off-cluster traffic to a ClusterIP is marked by one rule in `services` over @cluster-ips, not here.)
+  const masq = `mark set mark or ${cfg.mark}`;
 
   // External traffic.
   if (plan.usesExternalChain) {
     const ext = chain(externalChain);
     if (!plan.externalPolicyLocal) {
-      ext.push(`jump ${CHAIN.markMasq}`);
+      ext.push(`${masq} comment "masquerade"`);
     } else {
       const local = ifLocal(cfg.localTraffic, ipX);
       if (local !== null) ext.push(`${local} goto ${clusterChain} comment "short-circuit pod traffic"`);
-      ext.push(`fib saddr type local jump ${CHAIN.markMasq} comment "masquerade local traffic"`);
+      ext.push(`fib saddr type local ${masq} comment "masquerade local traffic"`);
       ext.push(`fib saddr type local goto ${clusterChain} comment "short-circuit local traffic"`);
     }
     if (plan.hasExternalEndpoints) ext.push(`goto ${externalPolicyChain}`);
@@ -192,16 +238,25 @@ export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): N
   }
 
   // Session affinity sets, one per reachable endpoint.
-  const affinity = info.stickyMaxAgeSeconds > 0;
   const affinitySets = affinity ? sel.allReachableEndpoints.map((ep) => namesOf(ep).affinitySet) : [];
 
-  // Load balancing to endpoints.
+  // Load balancing to endpoints: without affinity, DNAT in the policy chain itself (one endpoint: plain
+  // `dnat to`; more: a numgen map of address . port); with affinity, jumps to the endpoint chains.
   const writeLB = (rules: string[], eps: readonly EndpointInfo[]) => {
-    if (affinity) {
-      for (const ep of eps) {
-        const n = namesOf(ep);
-        rules.push(`${ipX} saddr @${n.affinitySet} goto ${n.chain}`);
+    if (!affinity) {
+      if (eps.length === 1) {
+        rules.push(`meta l4proto ${proto} dnat to ${eps[0].endpoint}`);
+      } else {
+        const map = eps.map((ep, i) => `${i} : ${ep.ip} . ${ep.port}`).join(" , ");
+        rules.push(
+          `meta l4proto ${proto} dnat ${ipX} addr . port to numgen random mod ${eps.length} map { ${map} }`,
+        );
       }
+      return;
+    }
+    for (const ep of eps) {
+      const n = namesOf(ep);
+      rules.push(`${ipX} saddr @${n.affinitySet} goto ${n.chain}`);
     }
     const vmap = eps.map((ep, i) => `${i} : goto ${namesOf(ep).chain}`).join(" , ");
     rules.push(`numgen random mod ${eps.length} vmap { ${vmap} }`);
@@ -209,13 +264,14 @@ export function renderServicePort(st: ServicePortState, cfg: NftRenderConfig): N
   if (plan.usesClusterPolicyChain) writeLB(chain(clusterChain), sel.clusterEndpoints!);
   if (plan.usesLocalPolicyChain) writeLB(chain(localChain), sel.localEndpoints!);
 
-  // Endpoint chains.
-  for (const ep of sel.allReachableEndpoints) {
-    const n = namesOf(ep);
-    const rules = chain(n.chain);
-    rules.push(`${ipX} saddr ${ep.ip} jump ${CHAIN.markMasq}`);
-    if (affinity) rules.push(`update @${n.affinitySet} { ${ipX} saddr }`);
-    rules.push(`meta l4proto ${proto} dnat to ${ep.endpoint}`);
+  // Endpoint chains (affinity only).
+  if (affinity) {
+    for (const ep of sel.allReachableEndpoints) {
+      const n = namesOf(ep);
+      const rules = chain(n.chain);
+      rules.push(`update @${n.affinitySet} { ${ipX} saddr }`);
+      rules.push(`meta l4proto ${proto} dnat to ${ep.endpoint}`);
+    }
   }
 
   return { state: st, chains, affinitySets, affinityTimeout: info.stickyMaxAgeSeconds, elements };
@@ -233,6 +289,11 @@ export interface NftSetupConfig {
   readonly serviceCIDRs: readonly string[];
   /** First full sync of this process: delete and re-create the base chains (their settings may differ). */
   readonly recreateBaseChains: boolean;
+  /** Protocols whose localhost NodePort traffic is rejected and counted (KubeProxyNFTablesLocalhostNodePorts). */
+  readonly localhostRejects: readonly string[];
+  /** Mark every packet to a ClusterIP for masquerade (else only those not from local pods, when detected). */
+  readonly masqueradeAll: boolean;
+  readonly localTraffic: LocalTraffic;
 }
 
 /**
@@ -268,11 +329,17 @@ const JUMPS: readonly [string, string, string][] = [
 /** One operation of a transaction: a verb and the object it applies to. */
 export type NftOp = ["add" | "flush" | "delete", NftObject];
 
-/** The shared maps and sets. */
-function containers(family: IPFamily): (NftSet | NftMap)[] {
+/** The shared maps and sets, by name. */
+function containers(family: IPFamily): Map<string, NftSet | NftMap> {
   const addr = family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
   const vmap = `${addr} . inet_proto . inet_service : verdict`;
-  return [
+  const list: (NftSet | NftMap)[] = [
+    {
+      kind: "set",
+      name: SET.hairpinConnections,
+      type: `${addr} . ${addr} . inet_proto . inet_service`,
+      comment: "service hairpin connections",
+    },
     { kind: "set", name: SET.clusterIPs, type: addr, comment: "Active ClusterIPs" },
     {
       kind: "map",
@@ -305,15 +372,16 @@ function containers(family: IPFamily): (NftSet | NftMap)[] {
       comment: "NodePort traffic",
     },
   ];
+  return new Map(list.map((c) => [c.name, c]));
 }
 
 /** The maps and sets holding per-service elements (flushed and refilled by a full sync). */
 export function elementContainers(family: IPFamily): (NftSet | NftMap)[] {
-  return containers(family).map((c) => ({ kind: c.kind, name: c.name }) as NftSet | NftMap);
+  return [...containers(family).values()].map((c) => ({ kind: c.kind, name: c.name }) as NftSet | NftMap);
 }
 
 /** The sets among the shared containers (the rest are verdict maps). */
-const SETS: ReadonlySet<string> = new Set([SET.clusterIPs, SET.nodePortIPs]);
+const SETS: ReadonlySet<string> = new Set([SET.clusterIPs, SET.nodePortIPs, SET.hairpinConnections]);
 
 /** A port's element as an nftables object. */
 export function elementObject(
@@ -338,9 +406,10 @@ export function ruleObject(chain: string, text: string): Rule {
 }
 
 /**
- * The fixed part of the table as upstream's `setupNFTables` writes it on every full sync: table, base chains,
- * jump rules, masquerading, the shared maps and sets (declared, not flushed: the caller decides), the
- * cluster-ips check, nodeport-ips, reject and firewall dispatch.
+ * The fixed part of the table as upstream's `setupNFTables` writes it on every full sync, in its order: table,
+ * base chains, jump rules, masquerading (marked packets and hairpin connections), the shared maps and sets
+ * (declared, not flushed: the caller decides), the cluster-ips check, nodeport-ips, reject, firewall and
+ * service dispatch (with the ClusterIP masquerade rule).
  */
 export function setupOps(cfg: NftSetupConfig): NftOp[] {
   const mark = cfg.mark;
@@ -373,14 +442,16 @@ export function setupOps(cfg: NftSetupConfig): NftOp[] {
     ensure(dst);
     rule(src, `${extra ? extra + " " : ""}jump ${dst}`);
   }
-  for (const name of [CHAIN.services, CHAIN.clusterIPsCheck, CHAIN.masquerading, CHAIN.markMasq]) {
-    ensure(name);
-  }
-  rule(CHAIN.markMasq, `mark set mark or ${mark}`);
-  rule(CHAIN.masquerading, `mark and ${mark} == 0 return`);
-  rule(CHAIN.masquerading, `mark set mark xor ${mark}`);
-  rule(CHAIN.masquerading, "masquerade fully-random");
-  for (const c of containers(cfg.family)) ops.push(["add", c]);
+  for (const name of [CHAIN.services, CHAIN.clusterIPsCheck, CHAIN.masquerading]) ensure(name);
+  const sets = containers(cfg.family);
+  ops.push(["add", sets.get(SET.hairpinConnections)!]);
+  rule(CHAIN.masquerading, `mark and ${mark} != 0 mark set mark xor ${mark} masquerade fully-random`);
+  rule(
+    CHAIN.masquerading,
+    `ct status dnat ${ipX} saddr . ${ipX} daddr . meta l4proto . th dport @${SET.hairpinConnections} ` +
+      "masquerade fully-random",
+  );
+  ops.push(["add", sets.get(SET.clusterIPs)!]);
   rule(
     CHAIN.clusterIPsCheck,
     `${ipX} daddr @${SET.clusterIPs} reject comment "Reject traffic to invalid ports of ClusterIPs"`,
@@ -404,6 +475,7 @@ export function setupOps(cfg: NftSetupConfig): NftOp[] {
     ops.push(["flush", { kind: "set", name: SET.nodePortIPs }]);
     for (const ip of cfg.nodePortIPs) ops.push(["add", elementObject(SET.nodePortIPs, ip, null, null)]);
   }
+  ops.push(["add", sets.get(SET.noEndpointServices)!], ["add", sets.get(SET.noEndpointNodePorts)!]);
   ensure(CHAIN.reject, "helper for @no-endpoint-services / @no-endpoint-nodeports");
   rule(CHAIN.reject, "reject");
   rule(CHAIN.serviceEndpointsCheck, `${ipX} daddr . meta l4proto . th dport vmap @${SET.noEndpointServices}`);
@@ -413,8 +485,58 @@ export function setupOps(cfg: NftSetupConfig): NftOp[] {
       ? `${noLocalhost} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}`
       : `${ipX} daddr @${SET.nodePortIPs} meta l4proto . th dport vmap @${SET.noEndpointNodePorts}`,
   );
+  // Localhost NodePorts kube-proxy does not serve: rejected and counted per protocol (with the gate); the objects of
+  // protocols not rejected (or of the whole feature) are removed, whatever an earlier configuration left.
+  const localhostMap: NftMap = {
+    kind: "map",
+    name: SET.localhostNodePortRejects,
+    type: "inet_proto . inet_service : verdict",
+    comment: "localhost NodePorts rejected by kube-proxy",
+  };
+  ops.push(["add", localhostMap]);
+  if (cfg.localhostRejects.length > 0) {
+    for (const protocol of cfg.localhostRejects) {
+      const counter = localhostNodePortRejectedCounter(protocol);
+      ops.push(["add", { kind: "counter", name: counter }]);
+      ensure(localhostNodePortRejectChain(protocol));
+      rule(localhostNodePortRejectChain(protocol), `counter name "${counter}" reject`);
+    }
+    rule(
+      CHAIN.nodePortEndpointsCheck,
+      `${cfg.family === "IPv6" ? "ip6 daddr ::1" : "ip daddr 127.0.0.0/8"} meta l4proto . th dport vmap ` +
+        `@${SET.localhostNodePortRejects}`,
+    );
+  } else {
+    ops.push(["delete", { kind: "map", name: SET.localhostNodePortRejects }]);
+  }
+  for (const protocol of LOCALHOST_NODEPORT_PROTOCOLS) {
+    if (cfg.localhostRejects.includes(protocol)) continue;
+    const chain = localhostNodePortRejectChain(protocol),
+      counter = localhostNodePortRejectedCounter(protocol);
+    ops.push(["add", { kind: "chain", name: chain }], ["delete", { kind: "chain", name: chain }]);
+    ops.push(["add", { kind: "counter", name: counter }], ["delete", { kind: "counter", name: counter }]);
+  }
+  ops.push(["add", sets.get(SET.firewallIPs)!]);
   ensure(CHAIN.firewallCheck);
   rule(CHAIN.firewallCheck, `${ipX} daddr . meta l4proto . th dport vmap @${SET.firewallIPs}`);
+  ops.push(["add", sets.get(SET.serviceIPs)!], ["add", sets.get(SET.serviceNodePorts)!]);
+  const masq = `mark set mark or ${mark}`;
+  if (cfg.masqueradeAll) {
+    rule(
+      CHAIN.services,
+      `${ipX} daddr @${SET.clusterIPs} ${masq} comment "masquerade all clusterIP traffic"`,
+    );
+  } else {
+    // Off-cluster traffic to a ClusterIP (a static route to the Service range via any node) may bounce
+    // off-node: masqueraded.
+    const notLocal = ifNotLocal(cfg.localTraffic, ipX);
+    if (notLocal !== null) {
+      rule(
+        CHAIN.services,
+        `${ipX} daddr @${SET.clusterIPs} ${notLocal} ${masq} comment "masquerade clusterIP traffic from outside cluster"`,
+      );
+    }
+  }
   rule(CHAIN.services, `${ipX} daddr . meta l4proto . th dport vmap @${SET.serviceIPs}`);
   rule(
     CHAIN.services,

@@ -1,6 +1,6 @@
 /**
- * The nftables mode against upstream's own expectations: upstream's TestOverallNFTablesRules corpus (the
- * shared fixture) is rendered by NftablesDataplane; both our transaction and upstream's expected ruleset are
+ * The nftables mode against upstream's own expectations: upstream v1.37.2's TestOverallNFTablesRules corpus
+ * (the shared fixture, its endpoints on this node as v1.37's test has them) is rendered by NftablesDataplane; both our transaction and upstream's expected ruleset are
  * loaded into a fresh network namespace each, and the kernel's `nft list table` of the two must be equal.
  */
 import assert from "node:assert/strict";
@@ -16,7 +16,10 @@ configureLogging({ sink: () => {} });
 
 const UPSTREAM = new URL("./testdata/upstream_overall.nft", import.meta.url);
 
-/** The upstream fake proxier's settings: node 192.168.0.2, pods in 10.0.0.0/8, nodePortAddresses primary. */
+/**
+ * The upstream fake proxier's settings: node 192.168.0.2, pods in 10.0.0.0/8, nodePortAddresses primary,
+ * KubeProxyNFTablesLocalhostNodePorts on.
+ */
 async function ourTransaction(): Promise<string> {
   const r = new RecordingCommandRunner((c) =>
     c.cmd === "nft" && c.args[0] === "-j" ? { stdout: '{"nftables":[]}' } : undefined
@@ -28,8 +31,10 @@ async function ourTransaction(): Promise<string> {
     nodePortAddresses: ["primary"],
     nodeAddresses: ["192.168.0.2"],
     keepLastTransaction: true,
+    // As upstream's test: the gate on, loopback not in nodePortAddresses (every protocol rejected and counted).
+    localhostNodePorts: true,
   });
-  await dp.sync(snapshot(overallFixture(), { serviceCIDRs: ["172.30.0.0/16"] }));
+  await dp.sync(snapshot(overallFixture({ localEndpoints: true }), { serviceCIDRs: ["172.30.0.0/16"] }));
   return dp.lastTransaction;
 }
 

@@ -68,8 +68,10 @@ async function freshDump(states: ServicePortState[]): Promise<string[]> {
 
 const web = (eps: EpSpec[], over: Partial<SvcSpec> = {}) =>
   makeState({ ns: "ns1", name: "web", clusterIP: "172.30.0.10", ...over }, eps);
-const db = (eps: EpSpec[]) =>
-  makeState({ ns: "ns1", name: "db", clusterIP: "172.30.0.20", nodePort: 30020 }, eps);
+const db = (eps: EpSpec[], over: Partial<SvcSpec> = {}) =>
+  makeState({ ns: "ns1", name: "db", clusterIP: "172.30.0.20", nodePort: 30020, ...over }, eps);
+/** Session affinity: the only Services with per-endpoint chains in v1.37's layout. */
+const STICKY = { affinity: 60 };
 
 function sync(dp: NftablesDataplane, states: ServicePortState[], changed?: string[]) {
   return dp.sync(snapshot(states, { changed: changed ?? null }));
@@ -86,16 +88,91 @@ Deno.test("first sync is full: the fixed layout, every port, one listing of what
   assert.ok(tx.includes("flush map ip kube-proxy service-ips"), "maps are refilled, not listed");
   const external = tx.find((l) => l.startsWith("add chain ip kube-proxy external-"))!.split(" ")[4];
   assert.ok(tx.includes(`add element ip kube-proxy service-nodeports { tcp . 30020 : goto ${external} }`));
+  assert.ok(!tx.some((l) => l.includes(" endpoint-")), "no per-endpoint chains without session affinity");
   assert.match(
     kernel.dump(),
-    /chain services \{\n\t\tip daddr \. meta l4proto \. th dport vmap @service-ips\n/,
+    new RegExp(
+      "chain services \\{\n\t\tip daddr @cluster-ips ip saddr != 10\\.0\\.0\\.0/8 meta mark set meta mark \\| " +
+        '0x00004000 comment "masquerade clusterIP traffic from outside cluster"\n' +
+        "\t\tip daddr \\. meta l4proto \\. th dport vmap @service-ips\n",
+    ),
   );
 });
 
-Deno.test("a changed endpoint rewrites only that Service's chains: no listing, no element change", async () => {
+Deno.test("a changed endpoint rewrites only that Service's chain, its DNAT map: no listing, no element change", async () => {
   const { kernel, dp } = setup();
   await sync(dp, [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]), db([{ ip: "10.1.0.9" }])]);
   const after = [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.3" }]), db([{ ip: "10.1.0.9" }])];
+  const res = await sync(dp, after, ["ns1/web"]);
+  assert.equal(res.full, false);
+  assert.deepEqual(kernel.lists, ["chain"], "no listing on a partial sync");
+  const tx = kernel.last;
+  assert.ok(!tx.some((l) => l.includes("ns1/db")), "the unchanged Service is not touched");
+  assert.ok(!tx.some((l) => l.includes("element")), "the service-ips element still points at the same chain");
+  const svc = tx.filter((l) => l.startsWith("add rule ip kube-proxy service-"));
+  assert.equal(svc.length, 1);
+  assert.match(
+    svc[0],
+    / meta l4proto tcp dnat ip addr \. port to numgen random mod 2 map \{ 0 : 10\.1\.0\.1 \. 80 , 1 : 10\.1\.0\.3 \. 80 \}$/,
+  );
+  assert.ok(!tx.some((l) => l.includes(" endpoint-") || l.startsWith("delete")), tx.join("\n"));
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump(after));
+  // Down to one endpoint: a plain dnat, no map.
+  const one = [web([{ ip: "10.1.0.3" }]), db([{ ip: "10.1.0.9" }])];
+  await sync(dp, one, ["ns1/web"]);
+  assert.deepEqual(
+    kernel.last.filter((l) => l.startsWith("add rule")).map((l) => l.split(" ").slice(5).join(" ")),
+    [
+      "meta l4proto tcp dnat to 10.1.0.3:80",
+    ],
+  );
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump(one));
+});
+
+Deno.test("an endpoint on this node is in hairpin-connections while it is used", async () => {
+  const { kernel, dp } = setup();
+  await sync(dp, [web([{ ip: "10.1.0.1", local: true }, { ip: "10.1.0.2" }])]);
+  assert.ok(
+    kernel.last.includes("add element ip kube-proxy hairpin-connections { 10.1.0.1 . 10.1.0.1 . tcp . 80 }"),
+  );
+  assert.ok(!kernel.last.some((l) => l.includes("hairpin-connections { 10.1.0.2")), "only local endpoints");
+  // The same endpoint in a second Service on the same port: one element, kept while either uses it.
+  const other = makeState({ ns: "ns1", name: "other", clusterIP: "172.30.0.50" }, [{
+    ip: "10.1.0.1",
+    local: true,
+  }]);
+  await sync(dp, [web([{ ip: "10.1.0.1", local: true }, { ip: "10.1.0.2" }]), other], ["ns1/other"]);
+  assert.ok(!kernel.last.some((l) => l.includes("hairpin-connections")), kernel.last.join("\n"));
+  await sync(dp, [web([{ ip: "10.1.0.2" }]), other], ["ns1/web"]);
+  assert.ok(!kernel.last.some((l) => l.includes("hairpin-connections")), kernel.last.join("\n"));
+  await sync(dp, [web([{ ip: "10.1.0.2" }])], ["ns1/other"]);
+  assert.ok(
+    kernel.last.includes(
+      "delete element ip kube-proxy hairpin-connections { 10.1.0.1 . 10.1.0.1 . tcp . 80 }",
+    ),
+  );
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.2" }])]));
+});
+
+Deno.test("a Service at the API's name limits without endpoints: its element comment is cut to 128 bytes", async () => {
+  const { kernel, dp } = setup();
+  const long = makeState({
+    ns: "n".repeat(63),
+    name: "s".repeat(63),
+    clusterIP: "172.30.0.60",
+    port: "p".repeat(15),
+  }, []);
+  await sync(dp, [long, web([{ ip: "10.1.0.1" }])]);
+  const el = kernel.last.find((l) => l.startsWith("add element ip kube-proxy no-endpoint-services"))!;
+  const comment = /comment "([^"]*)"/.exec(el)![1];
+  assert.equal(comment, `${"n".repeat(63)}/${"s".repeat(63)}:${"p".repeat(15)}`.slice(0, 128));
+  assert.match(kernel.dump(), /172\.30\.0\.10 \. tcp \. 80 : goto service-/, "the other Service is served");
+});
+
+Deno.test("with session affinity a changed endpoint rewrites only that Service's chains: no listing, no element change", async () => {
+  const { kernel, dp } = setup();
+  await sync(dp, [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }], STICKY), db([{ ip: "10.1.0.9" }])]);
+  const after = [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.3" }], STICKY), db([{ ip: "10.1.0.9" }])];
   const res = await sync(dp, after, ["ns1/web"]);
   assert.equal(res.full, false);
   assert.deepEqual(kernel.lists, ["chain"], "no listing on a partial sync");
@@ -108,9 +185,9 @@ Deno.test("a changed endpoint rewrites only that Service's chains: no listing, n
   );
   // The service chain is rewritten with the new vmap; the new endpoint chain is created; the old one emptied.
   const svc = tx.filter((l) => l.startsWith("add rule ip kube-proxy service-"));
-  assert.equal(svc.length, 2);
+  assert.equal(svc.length, 3);
   assert.match(
-    svc[1],
+    svc[2],
     /numgen random mod 2 vmap \{ 0 : goto endpoint-\S+__10\.1\.0\.1\/80 , 1 : goto endpoint-\S+__10\.1\.0\.3\/80 \}/,
   );
   assert.ok(tx.some((l) => /^add chain ip kube-proxy endpoint-\S+__10\.1\.0\.3\/80$/.test(l)));
@@ -131,7 +208,7 @@ Deno.test("stale chains are deleted in a transaction of their own, a second late
   assert.ok(tx.includes("delete element ip kube-proxy service-nodeports { tcp . 30020 }"));
   assert.ok(tx.includes("delete element ip kube-proxy cluster-ips { 172.30.0.20 }"));
   const flushed = tx.filter((l) => l.startsWith("flush chain")).map((l) => l.split(" ")[4]);
-  assert.deepEqual(flushed.map((c) => c.split("-")[0]).sort(), ["endpoint", "external", "service"]);
+  assert.deepEqual(flushed.map((c) => c.split("-")[0]).sort(), ["external", "service"]);
   // Within a second nothing is deleted.
   advance(500);
   assert.equal(await dp.needsFullSync(), false);
@@ -139,7 +216,7 @@ Deno.test("stale chains are deleted in a transaction of their own, a second late
   advance(600);
   assert.equal(await dp.needsFullSync(), false);
   tx = kernel.last;
-  assert.deepEqual(tx.map((l) => l.split(" ").slice(0, 2).join(" ")), Array(3).fill("delete chain"));
+  assert.deepEqual(tx.map((l) => l.split(" ").slice(0, 2).join(" ")), Array(2).fill("delete chain"));
   assert.deepEqual(tx.map((l) => l.split(" ")[4]).sort(), [...flushed].sort());
   assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }])]));
 });
@@ -231,7 +308,7 @@ Deno.test("ServiceCIDRs are written on a full sync when they change", async () =
   assert.ok(kernel.last.some((l) => l.includes("ip daddr { 172.30.0.0/16,172.31.0.0/16 } drop")));
 });
 
-Deno.test("after a restart the first full sync keeps endpoint chains without affinity, rewrites the others, empties leftovers and deletes them a second later", async () => {
+Deno.test("after a restart the first full sync rewrites every chain, deletes v1.35's mark-for-masquerade, empties leftovers and deletes them a second later", async () => {
   const kernel = new Kernel();
   const old = (eps: EpSpec[]) =>
     makeState({ ns: "ns1", name: "old", clusterIP: "172.30.0.30", affinity: 30 }, eps);
@@ -244,18 +321,28 @@ Deno.test("after a restart the first full sync keeps endpoint chains without aff
       old([{ ip: "10.1.0.5" }]),
     ]),
   );
+  // What v1.35's layout leaves besides: the masquerade helper chain and an endpoint chain jumping to it.
+  const v135 = kernel.newTransaction();
+  const legacyEp = "endpoint-AAAAAAAA-ns1/web/tcp/p80__10.1.0.1/80";
+  v135.add({ kind: "chain", name: "mark-for-masquerade" });
+  v135.add({ kind: "rule", chain: "mark-for-masquerade", rule: "mark set mark or 0x4000" });
+  v135.add({ kind: "chain", name: legacyEp });
+  v135.add({ kind: "rule", chain: legacyEp, rule: "ip saddr 10.1.0.1 jump mark-for-masquerade" });
+  v135.add({ kind: "rule", chain: legacyEp, rule: "meta l4proto tcp dnat to 10.1.0.1:80" });
+  await kernel.run(v135);
   // A new process on the same table.
   const { dp, advance } = setup(kernel);
   const after = [web([{ ip: "10.1.0.1" }, { ip: "10.1.0.3" }]), sticky([{ ip: "10.1.0.9" }])];
   await dp.sync(snapshot(after));
   const tx = kernel.last;
   const at = (re: RegExp) => tx.findIndex((l) => re.test(l));
-  assert.equal(
-    at(/^(add|flush) chain ip kube-proxy endpoint-\S+web\S+__10\.1\.0\.1\/80$/),
-    -1,
-    "kept as it is",
+  // The helper goes once every chain that could jump to it is emptied.
+  const flushLegacy = at(new RegExp(`^flush chain ip kube-proxy ${legacyEp.replaceAll(".", "\\.")}$`));
+  const delHelper = at(/^delete chain ip kube-proxy mark-for-masquerade$/);
+  assert.ok(flushLegacy >= 0 && delHelper > flushLegacy, tx.join("\n"));
+  assert.ok(
+    at(/^add rule ip kube-proxy service-\S+web\S+ meta l4proto tcp dnat ip addr \. port to numgen /) >= 0,
   );
-  assert.ok(at(/^add rule ip kube-proxy endpoint-\S+web\S+__10\.1\.0\.3\/80 /) >= 0, "new endpoint written");
   // The sticky Service's endpoint chain uses its affinity set, which is re-created: emptied first.
   const flushSticky = at(/^flush chain ip kube-proxy endpoint-\S+db\S+__10\.1\.0\.9\/80$/);
   const delSet = at(/^delete set ip kube-proxy affinity-\S+db\S+__10\.1\.0\.9\/80$/);
@@ -266,7 +353,6 @@ Deno.test("after a restart the first full sync keeps endpoint chains without aff
   const flushOld = at(/^flush chain ip kube-proxy endpoint-\S+old\S+__10\.1\.0\.5\/80$/);
   const delOldSet = at(/^delete set ip kube-proxy affinity-\S+old\S+$/);
   assert.ok(flushOld >= 0 && delOldSet > flushOld, tx.join("\n"));
-  assert.ok(at(/^flush chain ip kube-proxy endpoint-\S+web\S+__10\.1\.0\.2\/80$/) >= 0);
   assert.ok(
     !tx.some((l) => l.startsWith("delete chain") && l.includes("/")),
     "stale chains are deleted later",
@@ -313,18 +399,18 @@ Deno.test("a NodePort shared by two Services: the first one's chain gets it, the
 
 Deno.test("a sync a second after chains were emptied deletes them at the end of its own transaction, not in one of their own", async () => {
   const { kernel, dp, advance } = setup();
-  const two = web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]);
+  const two = web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }], STICKY);
   await sync(dp, [two]);
-  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  await sync(dp, [web([{ ip: "10.1.0.1" }], STICKY)], ["ns1/web"]);
   const emptied = kernel.last.find((l) => /^flush chain \S+ \S+ endpoint-\S+__10\.1\.0\.2\/80$/.test(l))!
     .split(" ")[4];
   // Within the second: a sync does not delete it.
   advance(500);
-  await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.9" }])], ["ns1/db"]);
+  await sync(dp, [web([{ ip: "10.1.0.1" }], STICKY), db([{ ip: "10.1.0.9" }], STICKY)], ["ns1/db"]);
   assert.ok(!kernel.last.some((l) => l.startsWith("delete chain")));
   advance(600);
   const before = kernel.transactions.length;
-  await sync(dp, [web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.8" }])], ["ns1/db"]);
+  await sync(dp, [web([{ ip: "10.1.0.1" }], STICKY), db([{ ip: "10.1.0.8" }], STICKY)], ["ns1/db"]);
   assert.equal(kernel.transactions.length, before + 1, "one transaction for the sync and the deletion");
   assert.equal(kernel.last.at(-1), `delete chain ip kube-proxy ${emptied}`);
   assert.ok(kernel.last.some((l) => l.includes("__10.1.0.8/80")), "the sync's own changes are in it");
@@ -337,15 +423,16 @@ Deno.test("a sync a second after chains were emptied deletes them at the end of 
   ]);
   assert.deepEqual(
     normalizeNftTable(kernel.dump()),
-    await freshDump([web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.8" }])]),
+    await freshDump([web([{ ip: "10.1.0.1" }], STICKY), db([{ ip: "10.1.0.8" }], STICKY)]),
   );
 });
 
 Deno.test("an emptied chain used again before it is deleted is written, not deleted", async () => {
   const { kernel, dp, advance } = setup();
-  const two = () => web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }]);
+  const two = () => web([{ ip: "10.1.0.1" }, { ip: "10.1.0.2" }], STICKY);
+  const one = () => web([{ ip: "10.1.0.1" }], STICKY);
   await sync(dp, [two()]);
-  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  await sync(dp, [one()], ["ns1/web"]);
   advance(1100);
   await sync(dp, [two()], ["ns1/web"]);
   assert.ok(!kernel.last.some((l) => l.startsWith("delete chain")), kernel.last.join("\n"));
@@ -356,11 +443,53 @@ Deno.test("an emptied chain used again before it is deleted is written, not dele
   assert.equal(kernel.transactions.length, before, "the poll has nothing to delete");
   assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([two()]));
   // A full sync after the chain went stale and due deletes it in the same transaction.
-  await sync(dp, [web([{ ip: "10.1.0.1" }])], ["ns1/web"]);
+  await sync(dp, [one()], ["ns1/web"]);
   advance(1100);
-  await sync(dp, [web([{ ip: "10.1.0.1" }])]);
+  await sync(dp, [one()]);
   assert.ok(kernel.last[0].startsWith("add table"), "full");
   assert.match(kernel.last.at(-1)!, /^delete chain ip kube-proxy endpoint-\S+__10\.1\.0\.2\/80$/);
-  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }])]));
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([one()]));
   assert.doesNotMatch(kernel.dump(), /10\.1\.0\.2/);
+});
+
+Deno.test("KubeProxyNFTablesLocalhostNodePorts: localhost NodePorts are rejected and counted per protocol; off, nothing of it is left", async () => {
+  const kernel = new Kernel();
+  const gated = new NftablesDataplane({
+    family: "IPv4",
+    runner: new RecordingCommandRunner(),
+    nftables: kernel,
+    localTraffic: { kind: "cidr", cidr: "10.0.0.0/8" },
+    nodePortAddresses: ["primary"],
+    nodeAddresses: ["192.168.0.2"],
+    localhostNodePorts: true,
+  });
+  await gated.sync(snapshot([web([{ ip: "10.1.0.1" }]), db([{ ip: "10.1.0.2" }])]));
+  const tx = kernel.last;
+  for (const p of ["tcp", "udp", "sctp"]) {
+    assert.ok(tx.includes(`add counter ip kube-proxy localhost-nodeport-rejected-${p}`), p);
+    assert.ok(tx.includes(
+      `add rule ip kube-proxy localhost-nodeport-reject-${p} counter name "localhost-nodeport-rejected-${p}" reject`,
+    ));
+  }
+  assert.ok(tx.includes(
+    "add rule ip kube-proxy nodeport-endpoints-check ip daddr 127.0.0.0/8 meta l4proto . th dport vmap " +
+      "@localhost-nodeport-reject-ports",
+  ));
+  assert.ok(tx.includes(
+    "add element ip kube-proxy localhost-nodeport-reject-ports { tcp . 30020 : goto localhost-nodeport-reject-tcp }",
+  ));
+  // A NodePort added by a partial sync gets its element; a removed one loses it.
+  const np2 = makeState({ ns: "ns1", name: "np2", clusterIP: "172.30.0.30", nodePort: 30030 }, []);
+  await gated.sync(snapshot([web([{ ip: "10.1.0.1" }]), np2], { changed: ["ns1/db", "ns1/np2"] }));
+  assert.ok(
+    kernel.last.includes("delete element ip kube-proxy localhost-nodeport-reject-ports { tcp . 30020 }"),
+  );
+  assert.ok(kernel.last.includes(
+    "add element ip kube-proxy localhost-nodeport-reject-ports { tcp . 30030 : goto localhost-nodeport-reject-tcp }",
+  ));
+  // The gate switched off (a restart without it): map, chains and counters go.
+  const { dp } = setup(kernel);
+  await dp.sync(snapshot([web([{ ip: "10.1.0.1" }]), np2]));
+  assert.doesNotMatch(kernel.dump(), /localhost-nodeport/);
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }]), np2]));
 });

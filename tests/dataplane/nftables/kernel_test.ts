@@ -155,13 +155,10 @@ const EP2 = "endpoint-2OCDJSZQ-ns1/svc1/tcp/p80__10.180.0.2/80";
 const EP3 = "endpoint-YQGOIMTP-ns1/svc1/tcp/p80__10.180.0.3/80";
 const AFF = (ep: string) => ep.replace(/^endpoint-/, "affinity-");
 const SVC2 = "service-42NFTM6N-ns2/svc2/udp/p53";
-const EP21 = "endpoint-SGOXE6O3-ns2/svc2/udp/p53__10.180.0.21/53";
 const SVC3 = "service-4AT6LBPK-ns3/svc3/tcp/p80";
 const EXT3 = "external-4AT6LBPK-ns3/svc3/tcp/p80";
-const EP31 = "endpoint-UEIP74TE-ns3/svc3/tcp/p80__10.180.0.31/80";
 const SVC4 = "service-LAUZTJTB-ns4/svc4/tcp/p80";
 const FW4 = "firewall-LAUZTJTB-ns4/svc4/tcp/p80";
-const EP41 = "endpoint-UNZV3OEC-ns4/svc4/tcp/p80__10.180.0.41/80";
 
 const BASE_CHAINS = [
   ["filter-prerouting-pre-dnat", "filter", "prerouting", "dstnat-10"],
@@ -188,7 +185,7 @@ const JUMPS = [
   ["cluster-ips-check", "filter-output", "ct state new"],
 ] as const;
 
-/** upstream setupNFTables(), IPv4, nodePortAddresses set to one node IP. */
+/** upstream v1.37's setupNFTables(), IPv4, nodePortAddresses set to one node IP. */
 function setup(tx: Transaction, firstSync: boolean): void {
   tx.add({ kind: "table", comment: "rules for kube-proxy" });
   if (firstSync) {
@@ -212,11 +209,24 @@ function setup(tx: Transaction, firstSync: boolean): void {
     ensure(dst);
     tx.add({ kind: "rule", chain: src, rule: extra ? `${extra} jump ${dst}` : `jump ${dst}` });
   }
-  for (const c of ["services", "cluster-ips-check", "masquerading", "mark-for-masquerade"]) ensure(c);
-  tx.add({ kind: "rule", chain: "mark-for-masquerade", rule: `mark set mark or ${M}` });
-  tx.add({ kind: "rule", chain: "masquerading", rule: `mark and ${M} == 0 return` });
-  tx.add({ kind: "rule", chain: "masquerading", rule: `mark set mark xor ${M}` });
-  tx.add({ kind: "rule", chain: "masquerading", rule: "masquerade fully-random" });
+  for (const c of ["services", "cluster-ips-check", "masquerading"]) ensure(c);
+  tx.add({
+    kind: "set",
+    name: "hairpin-connections",
+    type: "ipv4_addr . ipv4_addr . inet_proto . inet_service",
+    comment: "service hairpin connections",
+  });
+  tx.add({
+    kind: "rule",
+    chain: "masquerading",
+    rule: `mark and ${M} != 0 mark set mark xor ${M} masquerade fully-random`,
+  });
+  tx.add({
+    kind: "rule",
+    chain: "masquerading",
+    rule:
+      "ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random",
+  });
   tx.add({ kind: "set", name: "cluster-ips", type: "ipv4_addr", comment: "Active ClusterIPs" });
   tx.add({
     kind: "rule",
@@ -291,6 +301,12 @@ function setup(tx: Transaction, firstSync: boolean): void {
     type: "inet_proto . inet_service : verdict",
     comment: "NodePort traffic",
   });
+  tx.add({
+    kind: "rule",
+    chain: "services",
+    rule: `ip daddr @cluster-ips ip saddr != 10.0.0.0/8 mark set mark or ${M}`,
+    comment: "masquerade clusterIP traffic from outside cluster",
+  });
   tx.add({ kind: "rule", chain: "services", rule: "ip daddr . meta l4proto . th dport vmap @service-ips" });
   tx.add({
     kind: "rule",
@@ -299,32 +315,38 @@ function setup(tx: Transaction, firstSync: boolean): void {
   });
 }
 
-/** The rules of one endpoint chain (optionally with an affinity set). */
-function endpoint(
-  tx: Transaction,
-  chain: string,
-  ip: string,
-  port: number,
-  proto: string,
-  affinity: boolean,
-) {
+/** The rules of one endpoint chain (v1.37: only with session affinity). */
+function endpoint(tx: Transaction, chain: string, ip: string, port: number, proto: string) {
   tx.add({ kind: "chain", name: chain });
   tx.flush({ kind: "chain", name: chain });
-  tx.add({ kind: "rule", chain, rule: `ip saddr ${ip} jump mark-for-masquerade` });
-  if (affinity) tx.add({ kind: "rule", chain, rule: `update @${AFF(chain)} { ip saddr }` });
+  tx.add({ kind: "rule", chain, rule: `update @${AFF(chain)} { ip saddr }` });
   tx.add({ kind: "rule", chain, rule: `meta l4proto ${proto} dnat to ${ip}:${port}` });
 }
 
-/** A service chain balancing over endpoint chains (with affinity rules first). */
-function service(tx: Transaction, chain: string, vip: string, eps: string[], affinity: boolean) {
+/** A service chain balancing over endpoint chains, affinity rules first. */
+function stickyService(tx: Transaction, chain: string, eps: string[]) {
   tx.add({ kind: "chain", name: chain });
   tx.flush({ kind: "chain", name: chain });
-  tx.add({ kind: "rule", chain, rule: `ip daddr ${vip} ip saddr != 10.0.0.0/8 jump mark-for-masquerade` });
-  if (affinity) {
-    for (const ep of eps) tx.add({ kind: "rule", chain, rule: `ip saddr @${AFF(ep)} goto ${ep}` });
-  }
+  for (const ep of eps) tx.add({ kind: "rule", chain, rule: `ip saddr @${AFF(ep)} goto ${ep}` });
   const vmap = eps.map((ep, i) => `${i} : goto ${ep}`).join(" , ");
   tx.add({ kind: "rule", chain, rule: `numgen random mod ${eps.length} vmap { ${vmap} }` });
+}
+
+/** A service chain DNATing itself: one endpoint directly, more through a numgen map of address . port. */
+function service(tx: Transaction, chain: string, proto: string, eps: [string, number][]) {
+  tx.add({ kind: "chain", name: chain });
+  tx.flush({ kind: "chain", name: chain });
+  const rule = eps.length === 1
+    ? `meta l4proto ${proto} dnat to ${eps[0][0]}:${eps[0][1]}`
+    : `meta l4proto ${proto} dnat ip addr . port to numgen random mod ${eps.length} map { ${
+      eps.map(([ip, port], i) => `${i} : ${ip} . ${port}`).join(" , ")
+    } }`;
+  tx.add({ kind: "rule", chain, rule });
+}
+
+/** An endpoint on this node in the hairpin set. */
+function hairpin(tx: Transaction, ip: string, proto: string, port: number) {
+  tx.add({ kind: "element", set: "hairpin-connections", key: [ip, ip, proto, String(port)] });
 }
 
 function affinitySet(tx: Transaction, ep: string, seconds: number) {
@@ -340,9 +362,10 @@ function fullSync(tx: Transaction) {
   // ns1/svc1: ClusterIP, ClientIP affinity, two endpoints.
   affinitySet(tx, EP1, 10800);
   affinitySet(tx, EP2, 10800);
-  endpoint(tx, EP1, "10.180.0.1", 80, "tcp", true);
-  endpoint(tx, EP2, "10.180.0.2", 80, "tcp", true);
-  service(tx, SVC1, "172.30.0.41", [EP1, EP2], true);
+  endpoint(tx, EP1, "10.180.0.1", 80, "tcp");
+  endpoint(tx, EP2, "10.180.0.2", 80, "tcp");
+  stickyService(tx, SVC1, [EP1, EP2]);
+  hairpin(tx, "10.180.0.1", "tcp", 80);
   tx.add({ kind: "element", map: "service-ips", key: ["172.30.0.41", "tcp", "80"], value: [`goto ${SVC1}`] });
   // ns2/svc2: UDP, no endpoints yet.
   tx.add({
@@ -353,17 +376,16 @@ function fullSync(tx: Transaction) {
     comment: "ns2/svc2:p53",
   });
   // ns3/svc3: NodePort 30080.
-  endpoint(tx, EP31, "10.180.0.31", 80, "tcp", false);
-  service(tx, SVC3, "172.30.0.43", [EP31], false);
+  service(tx, SVC3, "tcp", [["10.180.0.31", 80], ["10.180.0.32", 8080]]);
+  hairpin(tx, "10.180.0.32", "tcp", 8080);
   tx.add({ kind: "chain", name: EXT3 });
   tx.flush({ kind: "chain", name: EXT3 });
-  tx.add({ kind: "rule", chain: EXT3, rule: "jump mark-for-masquerade" });
+  tx.add({ kind: "rule", chain: EXT3, rule: `mark set mark or ${M}`, comment: "masquerade" });
   tx.add({ kind: "rule", chain: EXT3, rule: `goto ${SVC3}` });
   tx.add({ kind: "element", map: "service-ips", key: ["172.30.0.43", "tcp", "80"], value: [`goto ${SVC3}`] });
   tx.add({ kind: "element", map: "service-nodeports", key: ["tcp", "30080"], value: [`goto ${EXT3}`] });
   // ns4/svc4: LoadBalancer 5.6.7.8 with source ranges.
-  endpoint(tx, EP41, "10.180.0.41", 80, "tcp", false);
-  service(tx, SVC4, "172.30.0.44", [EP41], false);
+  service(tx, SVC4, "tcp", [["10.180.0.41", 80]]);
   tx.add({ kind: "chain", name: FW4 });
   tx.flush({ kind: "chain", name: FW4 });
   tx.add({ kind: "rule", chain: FW4, rule: "ip saddr != { 203.0.113.0/25, 192.168.0.0/16 } drop" });
@@ -388,9 +410,10 @@ privilegedTest(unavailable, {
         setup(tx, false);
         affinitySet(tx, EP1, 10800);
         affinitySet(tx, EP2, 10800);
-        endpoint(tx, EP1, "10.180.0.1", 80, "tcp", true);
-        endpoint(tx, EP2, "10.180.0.2", 80, "tcp", true);
-        service(tx, SVC1, "172.30.0.41", [EP1, EP2], true);
+        endpoint(tx, EP1, "10.180.0.1", 80, "tcp");
+        endpoint(tx, EP2, "10.180.0.2", 80, "tcp");
+        stickyService(tx, SVC1, [EP1, EP2]);
+        hairpin(tx, "10.180.0.1", "tcp", 80); // present already: no-op
         tx.add({
           kind: "element",
           map: "service-ips",
@@ -401,13 +424,18 @@ privilegedTest(unavailable, {
 
       await p.apply("partial sync: endpoints change, svc2 gets one, svc3 element changes value", (tx) => {
         affinitySet(tx, EP3, 10800);
-        endpoint(tx, EP3, "10.180.0.3", 80, "tcp", true);
-        service(tx, SVC1, "172.30.0.41", [EP2, EP3], true);
+        endpoint(tx, EP3, "10.180.0.3", 80, "tcp");
+        stickyService(tx, SVC1, [EP2, EP3]);
         tx.flush({ kind: "chain", name: EP1 }); // stale: flushed now, deleted later
         tx.delete({ kind: "set", name: AFF(EP1) }); // stale affinity sets go at once
+        tx.delete({
+          kind: "element",
+          set: "hairpin-connections",
+          key: ["10.180.0.1", "10.180.0.1", "tcp", "80"],
+        });
         tx.delete({ kind: "element", map: "no-endpoint-services", key: ["172.30.0.42", "udp", "53"] });
-        endpoint(tx, EP21, "10.180.0.21", 53, "udp", false);
-        service(tx, SVC2, "172.30.0.42", [EP21], false);
+        service(tx, SVC2, "udp", [["10.180.0.21", 53], ["10.180.0.22", 53], ["10.180.0.23", 5353]]);
+        hairpin(tx, "10.180.0.21", "udp", 53);
         tx.add({
           kind: "element",
           map: "service-ips",
@@ -430,8 +458,10 @@ privilegedTest(unavailable, {
         tx.delete({ kind: "chain", name: EXT3 }));
       await p.fails("delete a chain a rule jumps to", "EBUSY", (tx) => {
         tx.add({ kind: "element", set: "cluster-ips", key: ["172.30.0.99"] });
-        tx.delete({ kind: "chain", name: "mark-for-masquerade" });
+        tx.delete({ kind: "chain", name: "masquerading" });
       });
+      await p.fails("delete a set a rule uses (hairpin)", "EBUSY", (tx) =>
+        tx.delete({ kind: "set", name: "hairpin-connections" }));
       await p.fails("delete a set a rule uses", "EBUSY", (tx) =>
         tx.delete({ kind: "set", name: AFF(EP2) }));
       await p.fails("delete a map a rule uses", "EBUSY", (tx) =>
@@ -508,13 +538,13 @@ privilegedTest(unavailable, {
       });
       await p.apply("replace, add after and delete by handle", (tx, handles) => {
         const h = handles("positions"); // jump reject-chain, counter, return, accept, drop
-        tx.replace({ kind: "rule", chain: "positions", rule: "jump mark-for-masquerade", handle: h[3] });
+        tx.replace({ kind: "rule", chain: "positions", rule: "jump firewall-check", handle: h[3] });
         tx.add({ kind: "rule", chain: "positions", rule: "reject", handle: h[1] });
         tx.insert({ kind: "rule", chain: "positions", rule: "accept", handle: h[4], comment: "before drop" });
         tx.delete({ kind: "rule", chain: "positions", handle: h[0] });
       }, ["positions"]);
       await p.fails("delete a chain after replacing a rule that referenced it", "EBUSY", (tx) =>
-        tx.delete({ kind: "chain", name: "mark-for-masquerade" }));
+        tx.delete({ kind: "chain", name: "firewall-check" }));
       await p.apply("a chain can go once the rule jumping to it is deleted", (tx) => {
         tx.delete({ kind: "chain", name: "reject-chain" });
       });
@@ -594,6 +624,26 @@ privilegedTest(unavailable, {
         tx.add({ kind: "rule", chain: "ep", rule: "meta l4proto tcp dnat to [fd00:10:180:0::1]:80" });
         tx.add({ kind: "rule", chain: "svc", rule: "ip6 daddr != ::1 return" });
         tx.add({ kind: "rule", chain: "svc", rule: "ip6 saddr != { 2001:db8::/32, fd00::1 } drop" });
+        tx.add({
+          kind: "rule",
+          chain: "svc",
+          rule:
+            "meta l4proto tcp dnat ip6 addr . port to numgen random mod 2 map { 1 : fd00:10:180:0::2 . 8080 , 0 : fd00:10:180::1 . 80 }",
+        });
+        tx.add({
+          kind: "set",
+          name: "hairpin-connections",
+          type: "ipv6_addr . ipv6_addr . inet_proto . inet_service",
+          comment: "service hairpin connections",
+        });
+        tx.add({ kind: "element", set: "hairpin-connections", key: ["fd00::1", "fd00:0::1", "tcp", "80"] });
+        tx.add({ kind: "chain", name: "masquerading" });
+        tx.add({
+          kind: "rule",
+          chain: "masquerading",
+          rule:
+            "ct status dnat ip6 saddr . ip6 daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random",
+        });
         for (const ip of ["fd00:10:96::1", "fd00:10:96::a", "fd00:10:96:0:0::b", "fd00:10:96::c"]) {
           tx.add({ kind: "element", set: "cluster-ips", key: [ip] });
         }

@@ -21,6 +21,7 @@ function context(r: RecordingCommandRunner): ModeContext {
       nodePortAddresses: ["primary"],
       masqueradeBit: 14,
       masqueradeAll: false,
+      featureGates: {},
     } as unknown as ProxyOptions,
     nodeIPs: ["192.168.0.2", "fd00::2"],
     podCIDRs: [],
