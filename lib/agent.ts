@@ -31,6 +31,12 @@ import { Proxier } from "./proxy/proxier.ts";
 import type { Dataplane, IPFamily } from "./proxy/types.ts";
 import { ProxyHealthServer } from "./server/health.ts";
 import { MetricsServer } from "./server/metrics_server.ts";
+import { ZPages } from "./server/zpages.ts";
+import { configzObject } from "./config/load.ts";
+import { GIT_VERSION, minorVersion } from "./config/version.ts";
+import { recordFeatureGates } from "./server/component_metrics.ts";
+import { registerProcessMetrics } from "./server/process_metrics.ts";
+import { startEventLoopMonitor } from "./server/runtime_metrics.ts";
 import { ServiceHealthServer } from "./server/service_health.ts";
 
 /** Hooks for tests; production uses the defaults. */
@@ -70,6 +76,15 @@ export async function platformInit(opts: ProxyOptions, runner: CommandRunner): P
     udpStreamTimeoutSeconds: seconds(ct.udpStreamTimeout),
   });
 }
+
+/** The paths of the metrics listener that statusz lists (as upstream's, listed before statusz is installed). */
+const METRICS_LISTENER_PATHS = ["/configz", "/healthz", "/metrics", "/proxyMode"];
+
+/** Upstream v1.37's message when no proxy mode was set (`createProxier`, #139957), word for word. */
+export const DEFAULT_MODE_MESSAGE =
+  "No kube-proxy mode specified: defaulting to 'iptables'. Note that in Kubernetes 1.40 the default mode will " +
+  "switch to 'nftables'. If you wish to continue using 'iptables' mode, you must explicitly specify " +
+  "'mode: iptables' in the kube-proxy config file, or '--proxy-mode iptables' on the kube-proxy command line.";
 
 /**
  * Runs the agent until a signal or a fatal condition. Resolves with the process exit code.
@@ -165,6 +180,11 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
         events.event(nodeRef(nodeName), "Warning", reason, "StartKubeProxy", note),
     };
     await mode.checkHost(modeContext);
+    if (cfg.mode === "" && modeName === "iptables") {
+      // v1.37 (#139957): the defaulted mode is announced, logged as an error and recorded as an Event.
+      log.error(DEFAULT_MODE_MESSAGE);
+      modeContext.warningEvent("KubeProxyDefaultMode", DEFAULT_MODE_MESSAGE);
+    }
     families = await mode.probeFamilies(modeContext);
     dataplanes = await mode.createDataplanes(modeContext, families);
   } catch (err) {
@@ -204,9 +224,26 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     health.start();
     stops.push(() => health.stop());
   }
+  // v1.37: /configz always, /flagz and /statusz behind their gates (BETA, on), on the metrics listener.
+  const gates = opts.featureGates;
+  const zpages = new ZPages({
+    configz: configzObject(cfg),
+    flagz: gates["ComponentFlagz"] ? opts.flagz : undefined,
+    statusz: gates["ComponentStatusz"]
+      ? {
+        startTime: new Date(performance.timeOrigin),
+        runtimeVersion: `deno ${Deno.version.deno}`,
+        binaryVersion: GIT_VERSION.replace(/^v/, ""),
+        emulationVersion: minorVersion(),
+        paths: [...METRICS_LISTENER_PATHS, ...(gates["ComponentFlagz"] && opts.flagz ? ["/flagz"] : [])],
+      }
+      : undefined,
+  });
+  recordFeatureGates(opts.featureGates);
   const metrics = new MetricsServer({
     bindAddress: cfg.metricsBindAddress,
     mode: opts.mode,
+    zpages,
     bindAddressHardFail: cfg.bindAddressHardFail,
     onFatal: (err) => {
       events.event(nodeRef(nodeName), "Warning", "FailedToStartMetricServer", "StartKubeProxy", err.message);
@@ -215,6 +252,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     },
   });
   if (cfg.metricsBindAddress !== "") {
+    await registerProcessMetrics();
+    stops.push(startEventLoopMonitor());
     metrics.start();
     stops.push(() => metrics.stop());
   }
@@ -247,8 +286,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     syncPeriodMs: opts.syncPeriod,
     healthServer: health,
     serviceHealthServer: serviceHealth,
-    conntrackCleaner: async (snapshot) => {
-      await cleanStaleUDPConntrack(runner, snapshot);
+    conntrackCleaner: async (snapshot, removed) => {
+      await cleanStaleUDPConntrack(runner, snapshot, snapshot.family, removed);
     },
     onInvalidService: (svc, reason, field) => {
       events.event(

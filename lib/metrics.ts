@@ -12,6 +12,12 @@ export const registry: client.Registry = new client.Registry();
 /** Every metric of every mode, whatever runs (tests read it through {@linkcode metricsText}). */
 const allMetrics: client.Registry = new client.Registry();
 
+/**
+ * The registries of the metrics every run serves whatever the mode (the API client's, the process's, build
+ * and feature-gate information, the runtime's): both the served one and the one tests read.
+ */
+export const COMPONENT_REGISTRIES: client.Registry[] = [registry, allMetrics];
+
 const exp = (start: number, factor: number, count: number) => client.exponentialBuckets(start, factor, count);
 
 function programmingBuckets(): number[] {
@@ -201,25 +207,23 @@ export const quarantinedServicePorts = new client.Gauge({
   registers: [allMetrics],
 });
 
-/** A counter whose value is read at scrape time (upstream's nfacct collectors). */
-function externalCounter(name: string, help: string, read: () => Promise<number | null>) {
-  return {
-    name,
-    help,
-    type: "counter",
-    aggregator: "sum",
-    async get() {
-      const v = await read().catch(() => null);
-      return {
-        name,
-        help,
-        type: "counter",
-        aggregator: "sum",
-        values: v === null ? [] : [{ value: v, labels: {} }],
-      };
-    },
-    reset() {},
-  };
+/**
+ * A counter whose value is read at scrape time (upstream's nfacct collectors): prom-client's Counter whose
+ * `get()` reports the reading, and no sample in a scrape where it cannot be read.
+ */
+class ReadAtScrapeCounter extends client.Counter {
+  readonly #read: () => Promise<number | null>;
+
+  constructor(name: string, help: string, read: () => Promise<number | null>) {
+    super({ name, help, registers: [] });
+    this.#read = read;
+  }
+
+  override async get(): Promise<client.MetricObjectWithValues<client.MetricValue<string>>> {
+    const base = await super.get();
+    const v = await this.#read().catch(() => null);
+    return { ...base, values: v === null ? [] : [{ value: v, labels: {} }] };
+  }
 }
 
 /**
@@ -241,7 +245,7 @@ export function registerNfacctMetrics(read: (counter: string) => Promise<number 
   ];
   for (const [name, help, counter] of metrics) {
     if (registry.getSingleMetric(name)) continue;
-    registry.registerMetric(externalCounter(name, help, () => read(counter)) as unknown as client.Metric);
+    registry.registerMetric(new ReadAtScrapeCounter(name, help, () => read(counter)));
   }
 }
 

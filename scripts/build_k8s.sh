@@ -27,9 +27,13 @@ log() { echo "build_k8s: $*" >&2; }
 current() {
   local bin="$out/$1"
   [ -x "$bin" ] || return 1
+  # Read whole before matching: `grep -q` would stop at the first line and, under pipefail, a binary that
+  # prints more lines (etcd) would fail the pipeline with SIGPIPE now and then.
+  local version
+  version=$("$bin" --version 2>/dev/null) || return 1
   case "$1" in
-    etcd) "$bin" --version 2>/dev/null | grep -q "^etcd Version: $ETCD_VERSION\$" ;;
-    *) "$bin" --version 2>/dev/null | grep -q "^Kubernetes v$K8S_VERSION\$" ;;
+    etcd) grep -q "^etcd Version: $ETCD_VERSION\$" <<<"$version" ;;
+    *) grep -q "^Kubernetes v$K8S_VERSION\$" <<<"$version" ;;
   esac
 }
 

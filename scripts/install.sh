@@ -4,7 +4,7 @@
 #     $DKP_TOOLS (default ~/.cache/deno-kube-proxy); skipped when that exact version is there. This
 #     needs npm: when it is missing, it is installed with apt (as root), else the script says so and stops.
 #   - the netfilter tools the agent and the tests spawn, openssl/flock/unshare for the tests and
-#     systemd-analyze for the unit's test (apt, only when missing and run as root; DKP_SYSTEM_TOOLS=0 skips
+#     systemd-analyze for the unit's test, prometheus and promtool for the monitoring tests (apt, only when missing and run as root; DKP_SYSTEM_TOOLS=0 skips
 #     this, as the Dockerfile's build stage does).
 # Puts deno on $DKP_TOOLS/bin (add that directory to PATH to use `deno` directly) and prints the path
 # of the deno binary on its last line.
@@ -41,6 +41,7 @@ declare -A tools=(
   [iptables-restore]=iptables [nft]=nftables [ipset]=ipset [conntrack]=conntrack
   [ipvsadm]=ipvsadm [ip]=iproute2 [sysctl]=procps [choom]=util-linux [unshare]=util-linux [nfacct]=nfacct
   [modprobe]=kmod [systemd-analyze]=systemd [flock]=util-linux [openssl]=openssl
+  [prometheus]=prometheus [promtool]=prometheus
 )
 missing=()
 if [ "${DKP_SYSTEM_TOOLS:-1}" != 0 ]; then

@@ -15,10 +15,10 @@
 import { Sandbox } from "../testkit/sandbox.ts";
 import { SimulatorProcess } from "../testkit/apiserver_process.ts";
 import { agentCommand } from "../testkit/agent_command.ts";
+import { k8sBinary } from "../testkit/kube_apiserver.ts";
 import { endpointSlice, nodeObject, service } from "../tests/packets/helpers.ts";
 
-const tools = Deno.env.get("DKP_TOOLS") ?? `${Deno.env.get("HOME")}/.cache/deno-kube-proxy`;
-const UPSTREAM = `${tools}/k8s-v1.35.4/kube-proxy`;
+const UPSTREAM = k8sBinary("kube-proxy");
 
 const which = Deno.args[0];
 if (which !== "ours" && which !== "upstream") {

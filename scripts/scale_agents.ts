@@ -9,6 +9,7 @@
  * @module
  */
 import { agentCommand as startCommand } from "../testkit/agent_command.ts";
+import { k8sBinary } from "../testkit/kube_apiserver.ts";
 
 /** Agents the harness knows. */
 export type AgentName = "ours" | "upstream";
@@ -17,8 +18,8 @@ export type ScaleMode = "iptables" | "nftables";
 /** iptables backends. */
 export type Backend = "legacy" | "nft";
 
-/** Where scripts/build_k8s.sh puts upstream kube-proxy. */
-export const UPSTREAM_BINARY = `${Deno.env.get("HOME")}/.cache/deno-kube-proxy/k8s-v1.35.4/kube-proxy`;
+/** Where scripts/build_k8s.sh puts upstream kube-proxy (the reference release of testkit/kube_apiserver.ts). */
+export const UPSTREAM_BINARY = k8sBinary("kube-proxy");
 
 /** Everything an agent's command line depends on. */
 export interface AgentSetup {

@@ -4,7 +4,7 @@
  * kernel tools (DESIGN.md testing layer 2).
  */
 import assert from "node:assert/strict";
-import { runAgent } from "../lib/agent.ts";
+import { DEFAULT_MODE_MESSAGE, runAgent } from "../lib/agent.ts";
 import { parseCommandLine } from "../lib/config/command.ts";
 import { type RecordedCall, RecordingCommandRunner } from "../lib/exec.ts";
 import { configureLogging } from "../lib/log.ts";
@@ -73,6 +73,7 @@ interface AgentHarness {
 async function withAgent(
   objects: { services?: Service[]; slices?: EndpointSlice[] },
   body: (h: AgentHarness) => Promise<void>,
+  extraArgs: string[] = [],
 ): Promise<void> {
   configureLogging({ sink: () => {} });
   const sim = await ApiServerSimulator.start();
@@ -91,6 +92,7 @@ async function withAgent(
     "10.244.0.0/16",
     "--iptables-min-sync-period",
     "0s",
+    ...extraArgs,
   ], { stdout: () => {}, stderr: () => {} });
   assert.ok("options" in parsed);
   const opts = parsed.options;
@@ -249,5 +251,31 @@ Deno.test({
       }
       assert.equal(sim.stats.lists("services"), 4, "initial list, two failed relists, one good relist");
     });
+  },
+});
+
+Deno.test({
+  name:
+    "agent: a defaulted proxy mode is logged and recorded as a KubeProxyDefaultMode Warning Event, a set one is not (v1.37)",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  async fn() {
+    const defaultModeEvents = (sim: ApiServerSimulator) =>
+      sim.list<KubeEvent>("events").filter((e) => e.reason === "KubeProxyDefaultMode");
+    await withAgent({}, async ({ sim }) => {
+      await until("the KubeProxyDefaultMode event", () => defaultModeEvents(sim).length > 0);
+      const e = defaultModeEvents(sim)[0];
+      assert.equal(e.type, "Warning");
+      assert.equal(e.note, DEFAULT_MODE_MESSAGE);
+      assert.equal(e.regarding?.name, "node1");
+    });
+    await withAgent({}, async ({ sim }) => {
+      // The Starting event is recorded after the mode's start-up: once it is there, a warning would be too.
+      await until(
+        "the Starting event",
+        () => sim.list<KubeEvent>("events").some((e) => e.reason === "Starting"),
+      );
+      assert.deepEqual(defaultModeEvents(sim), []);
+    }, ["--proxy-mode=iptables"]);
   },
 });

@@ -145,8 +145,14 @@ export function checkObjects(
         field: path.length > 0 ? formatPath(path) : undefined,
         message,
       });
-    if (kind === "Service" || kind === "EndpointSlice" || kind === "ServiceCIDR") {
-      const label = [LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS].find((l) => l in labels);
+    // v1.37's selectors: Services without service-proxy-name, EndpointSlices without headless.
+    const filteredBy = kind === "Service"
+      ? LABEL_SERVICE_PROXY_NAME
+      : kind === "EndpointSlice"
+      ? LABEL_HEADLESS
+      : "";
+    if (filteredBy !== "") {
+      const label = filteredBy in labels ? filteredBy : undefined;
       if (label !== undefined) {
         note(`the default kube-proxy does not watch objects labelled ${label}; not used`, [
           "metadata",

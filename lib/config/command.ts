@@ -59,6 +59,23 @@ function versionInfoRaw(v: string): string {
 }
 
 /**
+ * Every flag's value for `/flagz`, as upstream reads them after Complete(): without `--config` the flags are
+ * bound to the configuration in use, so upstream's platformApplyDefaults shows through them (mode
+ * `iptables`, detectLocalMode `ClusterCIDR`, `primary` NodePort addresses in nftables mode).
+ */
+function flagzValues(o: Options): Record<string, string> {
+  const flags: Record<string, string> = Object.fromEntries(o.fs.all().map((f) => [f.name, f.value.string()]));
+  if (o.configFile === "") {
+    if (flags["proxy-mode"] === "") flags["proxy-mode"] = "iptables";
+    if (flags["detect-local-mode"] === "") flags["detect-local-mode"] = "ClusterCIDR";
+    if (flags["proxy-mode"] === "nftables" && flags["nodeport-addresses"] === "[]") {
+      flags["nodeport-addresses"] = "[primary]";
+    }
+  }
+  return flags;
+}
+
+/**
  * Parses `argv` (without the program name) as upstream `kube-proxy` does. Returns `{ exit }` when the process
  * should stop (help, version, errors, `--write-config-to`), otherwise `{ options }` for the agent to run with.
  * With `sub`, argv is a subcommand's (without its name): the agent's flags plus the subcommand's own.
@@ -107,7 +124,7 @@ export async function parseCommandLine(
   try {
     await o.complete();
   } catch (e) {
-    // ConfigLoadError, read errors, "empty hostname-override is invalid".
+    // ConfigLoadError, read errors, "empty hostname-override is invalid", refused feature gates.
     io.stderr(`Error: failed complete: ${(e as Error).message}\n`);
     return { exit: 1 };
   }
@@ -116,7 +133,7 @@ export async function parseCommandLine(
   if (l.format === "text" || l.format === "json") {
     configureLogging({ format: l.format, verbosity: l.verbosity });
   }
-  for (const w of o.featureGateWarnings()) log.warn(w);
+  for (const w of o.featureGateWarnings) log.info(w.message, { featureGate: w.featureGate, value: w.value });
   if (log.v(1).enabled) {
     for (const f of o.fs.all()) log.v(1).info(`FLAG: --${f.name}=${JSON.stringify(f.value.string())}`);
   }
@@ -149,6 +166,7 @@ export async function parseCommandLine(
     io.stderr(`Error: ${(e as Error).message}\n`);
     return { exit: 1 };
   }
+  options.flagz = flagzValues(o);
   log.v(2).info("Effective proxy settings", {
     mode: options.mode,
     syncPeriod: formatDuration(options.syncPeriod),

@@ -1,39 +1,31 @@
 /**
- * Feature gates kube-proxy knows about (the subset of Kubernetes' gates that matter to it, v1.35).
+ * Feature gates as upstream kube-proxy v1.37.2's binary knows them: every gate of the shared list (all
+ * components', generated into feature_gate_list.ts from the binary by scripts/gen_feature_gates.ts), set from
+ * `--feature-gates` / `featureGates` as component-base's SetFromMap: an unknown name is refused
+ * (`unrecognized feature gate: Bogus`), a locked gate set against its default is refused, and setting a GA or
+ * deprecated gate logs upstream's warning.
  * @module
  */
 
-/** Maturity of a gate, as featuregate.PreRelease. */
+import { UPSTREAM_FEATURE_GATES, UPSTREAM_KNOWN_FEATURES } from "./feature_gate_list.ts";
+
+/** Maturity of a gate, as featuregate.PreRelease (GA is the empty string upstream, e.g. in metric labels). */
 export type PreRelease = "ALPHA" | "BETA" | "GA" | "DEPRECATED";
 
 /** One feature gate's spec. */
 export interface FeatureSpec {
   default: boolean;
   preRelease: PreRelease;
+  /** Cannot be set to anything but its default. */
+  lockToDefault?: boolean;
 }
 
-/** Known gates. Unknown names are accepted with a warning (see `checkFeatureGates`). */
-export const KNOWN_FEATURES: Record<string, FeatureSpec> = {
-  AllAlpha: { default: false, preRelease: "ALPHA" },
-  AllBeta: { default: false, preRelease: "BETA" },
-  ComponentFlagz: { default: false, preRelease: "ALPHA" },
-  ComponentStatusz: { default: false, preRelease: "ALPHA" },
-  ContextualLogging: { default: true, preRelease: "BETA" },
-  LoggingAlphaOptions: { default: false, preRelease: "ALPHA" },
-  LoggingBetaOptions: { default: true, preRelease: "BETA" },
-  MultiCIDRServiceAllocator: { default: true, preRelease: "GA" },
-  NFTablesProxyMode: { default: true, preRelease: "GA" },
-  PreferSameTrafficDistribution: { default: true, preRelease: "BETA" },
-  ServiceTrafficDistribution: { default: true, preRelease: "GA" },
-  TopologyAwareHints: { default: true, preRelease: "GA" },
-};
+/** Every gate upstream's binary knows, by name. */
+export const KNOWN_FEATURES: Readonly<Record<string, FeatureSpec>> = UPSTREAM_FEATURE_GATES;
 
-/** featuregate's KnownFeatures(): `Name=true|false (BETA - default=true)`, sorted, GA and deprecated left out. */
+/** featuregate's KnownFeatures(): the `--feature-gates` usage lines, as upstream's binary prints them. */
 export function knownFeatures(): string[] {
-  return Object.entries(KNOWN_FEATURES)
-    .filter(([, s]) => s.preRelease !== "GA" && s.preRelease !== "DEPRECATED")
-    .map(([name, s]) => `${name}=true|false (${s.preRelease} - default=${s.default})`)
-    .sort();
+  return [...UPSTREAM_KNOWN_FEATURES];
 }
 
 /** The effective value of every known gate after applying `overrides` (AllAlpha/AllBeta as upstream). */
@@ -53,18 +45,47 @@ export function effectiveFeatures(overrides: Record<string, boolean>): Record<st
   return out;
 }
 
+/** A gate setting upstream logs (at info level, as `logger.Info`). */
+export interface FeatureGateWarning {
+  message: string;
+  featureGate: string;
+  value: boolean;
+}
+
+/** `--feature-gates` refused as upstream's SetFromMap refuses it; the message is upstream's. */
+export class FeatureGateError extends Error {}
+
 /**
- * Returns warnings for gates upstream would treat specially: names kube-proxy does not know (upstream's binary
- * knows every Kubernetes gate, so these are accepted rather than rejected) and GA gates being set.
+ * Upstream's SetFromMap: throws {@linkcode FeatureGateError} for an unknown gate (`unrecognized feature gate:
+ * X`, the first one found: upstream stops there) or for gates locked to their default (`cannot set feature
+ * gate X to Y, feature is locked to Z`, all of them, aggregated as `[a, b]`); returns the warnings for GA and
+ * deprecated gates set. Names are visited in sorted order (upstream: Go map order).
  */
-export function checkFeatureGates(gates: Record<string, boolean>): string[] {
-  const warnings: string[] = [];
-  for (const [k, v] of Object.entries(gates).sort()) {
+export function setFeatureGates(gates: Record<string, boolean>): FeatureGateWarning[] {
+  const warnings: FeatureGateWarning[] = [];
+  const errors: string[] = [];
+  for (const [k, v] of Object.entries(gates).sort(([a], [b]) => a < b ? -1 : a > b ? 1 : 0)) {
     const spec = KNOWN_FEATURES[k];
-    if (!spec) warnings.push(`unrecognized feature gate: ${k}`);
-    else if (spec.preRelease === "GA") {
-      warnings.push(`Setting GA feature gate ${k}=${v}. It will be removed in a future release.`);
+    if (!spec) throw new FeatureGateError(`unrecognized feature gate: ${k}`);
+    if (spec.lockToDefault && spec.default !== v) {
+      errors.push(`cannot set feature gate ${k} to ${v}, feature is locked to ${spec.default}`);
+      continue;
+    }
+    if (spec.preRelease === "DEPRECATED") {
+      warnings.push({
+        message: "Warning: setting deprecated feature gate. It will be removed in a future release.",
+        featureGate: k,
+        value: v,
+      });
+    } else if (spec.preRelease === "GA") {
+      warnings.push({
+        message: "Warning: setting GA feature gate. It will be removed in a future release.",
+        featureGate: k,
+        value: v,
+      });
     }
   }
+  if (errors.length === 1) throw new FeatureGateError(errors[0]);
+  if (errors.length > 1) throw new FeatureGateError(`[${errors.join(", ")}]`);
   return warnings;
 }

@@ -440,3 +440,25 @@ export function encodeConfiguration(c: KubeProxyConfiguration): string {
 export async function writeConfigFile(path: string, c: KubeProxyConfiguration): Promise<void> {
   await Deno.writeTextFile(path, encodeConfiguration(c));
 }
+
+/**
+ * The configuration `/configz` serves (upstream v1.37, #136044): the public v1alpha1 object with apiVersion and
+ * kind, after upstream's platformApplyDefaults (mode `iptables` when unset, `primary` NodePort addresses in
+ * nftables mode when unset, detectLocalMode `ClusterCIDR` when unset).
+ */
+export function configzObject(c: KubeProxyConfiguration): Record<string, unknown> {
+  const d: KubeProxyConfiguration = structuredClone(c);
+  if (d.mode === "") d.mode = "iptables";
+  if (d.mode === "nftables" && d.nodePortAddresses.length === 0) d.nodePortAddresses = ["primary"];
+  if (d.detectLocalMode === "") d.detectLocalMode = "ClusterCIDR";
+  // Upstream's internal config holds one sync period pair and one masqueradeAll; converted back to v1alpha1
+  // they land in the running mode's block only (the others read 0s and false).
+  for (const m of ["iptables", "ipvs", "nftables"] as const) {
+    if (m === d.mode || (m === "iptables" && d.mode !== "ipvs" && d.mode !== "nftables")) continue;
+    d[m].syncPeriod = 0;
+    d[m].minSyncPeriod = 0;
+  }
+  if (d.mode === "nftables") d.iptables.masqueradeAll = false;
+  else d.nftables.masqueradeAll = false;
+  return toVersionedObject(d);
+}

@@ -16,7 +16,12 @@
 
 import { log } from "../log.ts";
 import { appendPortIfNeeded, defaultConfiguration } from "./defaults.ts";
-import { checkFeatureGates, effectiveFeatures, knownFeatures } from "./feature_gates.ts";
+import {
+  effectiveFeatures,
+  type FeatureGateWarning,
+  knownFeatures,
+  setFeatureGates,
+} from "./feature_gates.ts";
 import {
   BoundValue,
   type Flag,
@@ -79,6 +84,8 @@ export interface ProxyOptions {
   featureGates: Record<string, boolean>;
   /** How to reach the API server. */
   apiSource: ApiSource;
+  /** Every flag's value as pflag prints it, for `/flagz` (set by the command line). */
+  flagz?: Record<string, string>;
 }
 
 /** Upstream's long description, printed by `--help`. */
@@ -268,7 +275,7 @@ export class Options {
         (v) => cfg().metricsBindAddress = v,
         parseIPPortFlag,
       ),
-      'The IP address and port for the metrics server to serve on, defaulting to "127.0.0.1:10249". (Set to "0.0.0.0:10249" / "[::]:10249" to bind on all interfaces.) Set empty to disable. ' +
+      'The IP address and port for the metrics server to serve on, defaulting to "127.0.0.1:10249". (Set to "0.0.0.0:10249" / "[::]:10249" to bind on all interfaces.) ' +
         IGNORED,
     );
     fs.bool(
@@ -415,7 +422,7 @@ export class Options {
       "nodeport-addresses",
       () => cfg().nodePortAddresses,
       (v) => cfg().nodePortAddresses = v,
-      "A list of CIDR ranges that contain valid node IPs, or alternatively, the single string 'primary'. If set to a list of CIDRs, connections to NodePort services will only be accepted on node IPs in one of the indicated ranges. If set to 'primary', NodePort services will only be accepted on the node's primary IP(s) according to the Node object. If unset, NodePort connections will be accepted on all local IPs. " +
+      "A list of CIDR ranges and/or keywords that expand to CIDR ranges. NodePort services are only accessible on node IPs covered by the list. Supported keywords: 'primary' (the Node object's primary IPv4 and/or IPv6 addresses), 'localhost' (127.0.0.0/8 and ::1/128), and 'all' (0.0.0.0/0 and ::/0). Any combination of valid keywords and CIDRS may be included in the list. Serving NodePorts on loopback IPs is only supported in iptables mode (IPv4 only, see --iptables-localhost-nodeports), and, only for TCP, in nftables mode when the KubeProxyNFTablesLocalhostNodePorts feature gate is enabled and the list explicitly includes loopback (e.g. 'localhost'). If unset, this defaults to 'all' in iptables and ipvs mode, and to 'primary' in nftables mode. " +
         IGNORED,
     );
     fs.int32(
@@ -493,16 +500,7 @@ export class Options {
           "This flag is deprecated and will be removed in a future release. Please use --metrics-bind-address instead.",
       },
     );
-    fs.string(
-      "proxy-port-range",
-      () => cfg().portRange,
-      (v) => cfg().portRange = v,
-      "This was previously used to configure the userspace proxy, but is now unused.",
-      {
-        deprecated: "This flag has no effect and will be removed in a future release.",
-        typeName: "port-range",
-      },
-    );
+    // --proxy-port-range (deprecated, no effect) is gone in v1.37: an unknown flag, as upstream's binary says.
     this.addLoggingFlags();
     fs.add(
       "version",
@@ -615,7 +613,7 @@ export class Options {
   /**
    * Upstream's Complete(): loads `--config` (replacing the flag-built config, keeping changed logging flags) or
    * collapses the per-mode flags; applies the deprecated port flags and `--hostname-override`.
-   * Throws ConfigLoadError or Error("empty hostname-override is invalid").
+   * Throws ConfigLoadError, Error("empty hostname-override is invalid") or FeatureGateError.
    */
   async complete(): Promise<void> {
     if (this.configFile === "") {
@@ -641,6 +639,8 @@ export class Options {
       if (h.length === 0) throw new Error("empty hostname-override is invalid");
       this.config.hostnameOverride = h.toLowerCase();
     }
+    // Upstream's SetFromMap, last in Complete(): unknown gates and locked ones are refused (FeatureGateError).
+    this.featureGateWarnings = setFeatureGates(this.config.featureGates);
   }
 
   private processV1Alpha1Flags(): void {
@@ -681,10 +681,8 @@ export class Options {
     return validateConfiguration(this.config);
   }
 
-  /** Warnings about feature gates (unknown names are accepted, see feature_gates.ts). */
-  featureGateWarnings(): string[] {
-    return checkFeatureGates(this.config.featureGates);
-  }
+  /** Upstream's warnings for GA and deprecated gates set by `complete()` (logged by the command). */
+  featureGateWarnings: FeatureGateWarning[] = [];
 }
 
 /** addressFromDeprecatedFlags: port 0 disables the server, else the port is appended if the address has none. */

@@ -12,7 +12,12 @@ import type { KubeProxyConfiguration } from "./types.ts";
 import { previousMinorVersion } from "./version.ts";
 
 /** apimachinery field.ErrorType strings. */
-export type FieldErrorType = "Invalid value" | "Unsupported value" | "Required value" | "Forbidden";
+export type FieldErrorType =
+  | "Invalid value"
+  | "Unsupported value"
+  | "Required value"
+  | "Forbidden"
+  | "Duplicate value";
 
 /** One validation error (field.Error). */
 export class FieldError {
@@ -41,6 +46,9 @@ function q(s: string): string {
 function goSlice(a: string[]): string {
   return `[]string{${a.map(q).join(", ")}}`;
 }
+
+/** The `nodePortAddresses` keywords of v1.37 (`primary`, `localhost`, `all`). */
+export const NODE_PORT_ADDRESS_KEYWORDS: readonly string[] = ["primary", "localhost", "all"];
 
 const invalid = (field: string, value: string, detail: string) =>
   new FieldError("Invalid value", field, value, detail);
@@ -187,15 +195,26 @@ export function validateConfiguration(c: KubeProxyConfiguration): FieldError[] {
   if (c.healthzBindAddress !== "") errs.push(...validateHostPort(c.healthzBindAddress, "healthzBindAddress"));
   if (c.metricsBindAddress !== "") errs.push(...validateHostPort(c.metricsBindAddress, "metricsBindAddress"));
 
+  // v1.37 (#138427): the keywords combine with each other and with CIDRs, each at most once.
+  const seenKeywords = new Set<string>();
   for (let i = 0; i < c.nodePortAddresses.length; i++) {
     const a = c.nodePortAddresses[i];
-    if (a === "primary") {
-      if (i !== 0 || c.nodePortAddresses.length !== 1) {
-        errs.push(invalid(`nodePortAddresses[${i}]`, q(a), "can't use both 'primary' and CIDRs"));
+    if (NODE_PORT_ADDRESS_KEYWORDS.includes(a)) {
+      if (seenKeywords.has(a)) {
+        errs.push(new FieldError("Duplicate value", `nodePortAddresses[${i}]`, q(a), ""));
       }
-      break;
+      seenKeywords.add(a);
+      continue;
     }
-    if (!isCIDR(a)) errs.push(invalid(`nodePortAddresses[${i}]`, q(a), "must be a valid CIDR"));
+    if (!isCIDR(a)) {
+      errs.push(
+        invalid(
+          `nodePortAddresses[${i}]`,
+          q(a),
+          "must be a valid CIDR or one of the keywords 'primary', 'localhost', 'all'",
+        ),
+      );
+    }
   }
 
   const hidden = c.showHiddenMetricsForVersion;

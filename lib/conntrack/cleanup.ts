@@ -3,23 +3,21 @@
  * tool: one `conntrack -L` per family, then one batched `conntrack -R` of exact `-D` tuples.
  *
  * A UDP flow is stale when its original destination is a ClusterIP / externalIP / LoadBalancer VIP and port of a
- * UDP service port, or its original destination port is a UDP NodePort, and its reply source (IP and port) is
- * not a *serving* endpoint of that service port. As upstream, a service port with no serving endpoint at all is
- * skipped ("a Service without endpoints does not require to clean the conntrack entries associated"): its flows
- * stay until endpoints come back, when the ones not pinned to them are deleted.
+ * UDP service port, or its original destination port is a UDP NodePort, and its reply source (IP and port, as
+ * upstream v1.37 compares them) is not a *serving* endpoint of that service port.
  *
- * Beyond upstream (which compares the reply source IP only), the reply source *port* is compared too. The
- * operator-visible effect: after a Service's targetPort is changed (say 53 → 5353) while its pods keep their IPs,
- * upstream keeps every flow still DNATed to podIP:53, where nothing listens any more; a client that keeps its
- * source port (a resolver or a syslog/statsd sender, each packet refreshing the entry) stays black-holed until it
- * changes port or goes quiet for the UDP timeout. Here those flows are deleted at the endpoint update, so the
- * next packet is DNATed to podIP:5353. Flows pinned to a serving IP:port are kept exactly as upstream keeps them.
+ * v1.37 (#139629): a service port with no serving endpoint is processed too, with an empty set, so every flow to
+ * its ClusterIP / externalIPs / LoadBalancer VIPs is deleted (a one-way UDP sender refreshing its entry would
+ * otherwise keep sending to the deleted endpoint for ever, past the reject rule); its NodePort flows are left
+ * alone, since they are matched on the port alone and could be another host's. As v1.38 will (#141371), the
+ * same holds for a UDP service port that was deleted: its frontends' flows are deleted, unless a current
+ * service port took over the same address and port.
  * @module
  */
 
 import type { CommandRunner } from "../exec.ts";
 import { log } from "../log.ts";
-import type { IPFamily, ProxySnapshot } from "../proxy/types.ts";
+import type { IPFamily, ProxySnapshot, ServicePortInfo } from "../proxy/types.ts";
 import { conntrackReconcilerDeletedEntriesTotal, conntrackReconcilerSyncDuration } from "../metrics.ts";
 import { ipValue } from "../net/ip.ts";
 
@@ -70,21 +68,41 @@ export function parseConntrackList(out: string, family: IPFamily): ConntrackFlow
   return flows;
 }
 
-/** The flows that point at something other than a serving endpoint of their UDP service port. */
-export function staleUDPFlows(snapshot: ProxySnapshot, flows: readonly ConntrackFlow[]): ConntrackFlow[] {
+/** The frontends of a service port: what {@linkcode staleUDPFlows} needs of a deleted one. */
+export type UDPFrontends = Pick<
+  ServicePortInfo,
+  "protocol" | "clusterIP" | "loadBalancerVIPs" | "externalIPs" | "port"
+>;
+
+/**
+ * The flows that point at something other than a serving endpoint of their UDP service port; `removed` are
+ * UDP service ports deleted since the last sync (their frontends have no endpoint at all any more).
+ */
+export function staleUDPFlows(
+  snapshot: ProxySnapshot,
+  flows: readonly ConntrackFlow[],
+  removed: readonly UDPFrontends[] = [],
+): ConntrackFlow[] {
   const byServiceIP = new Map<string, Set<string>>();
   const byNodePort = new Map<number, Set<string>>();
+  const none = new Set<string>();
+  for (const info of removed) {
+    if (info.protocol !== "UDP") continue;
+    for (const ip of [info.clusterIP, ...info.loadBalancerVIPs, ...info.externalIPs]) {
+      byServiceIP.set(`${canon(ip)} ${info.port}`, none);
+    }
+  }
   for (const st of snapshot.servicePorts.values()) {
     const info = st.info;
     if (info.protocol !== "UDP") continue;
     const serving = new Set<string>();
     for (const ep of st.endpoints) if (ep.serving) serving.add(`${canon(ep.ip)} ${ep.port}`);
-    // Upstream: "a Service without endpoints does not require to clean the conntrack entries associated".
-    if (serving.size === 0) continue;
+    // v1.37: without serving endpoints too (an empty set: every flow to the frontends goes).
     for (const ip of [info.clusterIP, ...info.loadBalancerVIPs, ...info.externalIPs]) {
       byServiceIP.set(`${canon(ip)} ${info.port}`, serving);
     }
-    if (info.nodePort !== 0) byNodePort.set(info.nodePort, serving);
+    // NodePort flows match on the port alone: only with serving endpoints, as upstream.
+    if (info.nodePort !== 0 && serving.size > 0) byNodePort.set(info.nodePort, serving);
   }
   if (byServiceIP.size === 0 && byNodePort.size === 0) return [];
   const stale: ConntrackFlow[] = [];
@@ -110,16 +128,18 @@ export function deleteBatch(flows: readonly ConntrackFlow[]): string {
 /**
  * Lists UDP flows of the family once, deletes the stale ones in one batched `conntrack -R /dev/stdin` (falling
  * back to one `conntrack -D` per flow when the tool has no `-R`), and updates the reconciler metrics.
- * Resolves with the number of flows deleted. Call after a successful sync in which UDP endpoints changed.
+ * Resolves with the number of flows deleted. Call after a successful sync in which UDP endpoints changed or UDP
+ * service ports (`removed`) were deleted.
  */
 export async function cleanStaleUDPConntrack(
   runner: CommandRunner,
   snapshot: ProxySnapshot,
   family: IPFamily = snapshot.family,
+  removed: readonly UDPFrontends[] = [],
 ): Promise<number> {
   const t0 = performance.now();
-  let hasUDP = false;
-  for (const st of snapshot.servicePorts.values()) {
+  let hasUDP = removed.some((r) => r.protocol === "UDP");
+  for (const st of hasUDP ? [] : snapshot.servicePorts.values()) {
     if (st.info.protocol === "UDP") {
       hasUDP = true;
       break;
@@ -136,7 +156,7 @@ export async function cleanStaleUDPConntrack(
     log.error("Failed to list conntrack entries", list.stderr.trim(), { ipFamily: family });
     return 0;
   }
-  const stale = staleUDPFlows(snapshot, parseConntrackList(list.stdout, family));
+  const stale = staleUDPFlows(snapshot, parseConntrackList(list.stdout, family), removed);
   let deleted = 0;
   if (stale.length > 0) {
     const r = await runner.tryRun({

@@ -10,6 +10,8 @@
  * connection pool, and a 401 re-runs the plugin once, as client-go. Transport failures are rethrown as
  * {@link ApiConnectionError}s that name the cause (./net_errors.ts).
  * Non-watch requests pass a qps/burst token bucket (`clientConnection.qps`/`burst`, default 5/10).
+ * Requests are measured as client-go measures them (./client_metrics.ts): every response's code, and for
+ * non-watch requests the rate limiter's wait, the latency, and the request and response sizes.
  * @module
  */
 
@@ -20,6 +22,14 @@ import { TokenBucket } from "./rate_limiter.ts";
 import type { ExecCredentials } from "./exec_credential.ts";
 import { connectionError } from "./net_errors.ts";
 import { ListDecodeError, ListDecoder } from "./list_decoder.ts";
+import {
+  hostLabel,
+  restClientRateLimiterDuration,
+  restClientRequestDuration,
+  restClientRequestSize,
+  restClientRequestsTotal,
+  restClientResponseSize,
+} from "./client_metrics.ts";
 
 /** Version reported in the User-Agent. */
 export const CLIENT_VERSION = "v0.1.0";
@@ -157,6 +167,8 @@ class TokenFile {
 export class KubeClient {
   /** The API server base URL. */
   readonly server: string;
+  /** The `host` label of this client's metrics. */
+  private readonly host: string;
   private transport?: Transport;
   private readonly limiter: TokenBucket;
   private readonly userAgent: string;
@@ -167,6 +179,7 @@ export class KubeClient {
 
   constructor(readonly config: RestConfig, opts: KubeClientOptions = {}) {
     this.server = config.server;
+    this.host = hostLabel(config.server);
     this.limiter = new TokenBucket(opts.qps ?? 5, opts.burst ?? 10);
     this.userAgent = opts.userAgent ?? defaultUserAgent();
     this.requestTimeoutMs = opts.requestTimeoutMs ?? 60_000;
@@ -264,6 +277,7 @@ export class KubeClient {
       try {
         return await t.fetch(url, { method, headers, body, signal });
       } catch (e) {
+        restClientRequestsTotal.inc({ code: "<error>", method, host: this.host });
         if (signal?.aborted) throw e;
         throw connectionError(e, method, url);
       }
@@ -271,21 +285,44 @@ export class KubeClient {
     let res = await attempt(false);
     if (res.status === 401 && (this.tokenFile || creds)) {
       // The token may have rotated since the last check, or the plugin's credential was revoked: fetch a
-      // fresh one now and try once more.
+      // fresh one now and try once more (inside one request, as client-go's exec round tripper: one count).
       await res.body?.cancel();
       if (exec && creds) creds = await exec.refreshAfterUnauthorized(creds);
       res = await attempt(true);
     }
+    restClientRequestsTotal.inc({ code: String(res.status), method, host: this.host });
     return res;
+  }
+
+  /** Waits for a rate-limiter token, observing the wait as client-go's tryThrottle. */
+  private async throttle(verb: string, signal: AbortSignal | undefined): Promise<void> {
+    const start = performance.now();
+    try {
+      await this.limiter.take(signal);
+    } finally {
+      restClientRateLimiterDuration.observe({ verb, host: this.host }, (performance.now() - start) / 1000);
+    }
   }
 
   /** Sends a non-watch request (rate limited) and decodes the JSON answer; throws KubeApiError on >= 400. */
   async request<T = unknown>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
-    await this.limiter.take(opts.signal);
+    await this.throttle(method, opts.signal);
+    const labels = { verb: method, host: this.host };
+    const start = performance.now();
+    try {
+      return await this.measuredRequest<T>(method, path, opts);
+    } finally {
+      restClientRequestDuration.observe(labels, (performance.now() - start) / 1000);
+    }
+  }
+
+  private async measuredRequest<T>(method: string, path: string, opts: RequestOptions): Promise<T> {
+    const labels = { verb: method, host: this.host };
     const timeout = AbortSignal.timeout(this.requestTimeoutMs);
     const signal = opts.signal ? AbortSignal.any([opts.signal, timeout]) : timeout;
     const body = opts.body === undefined ? undefined : JSON.stringify(opts.body);
     const url = buildUrl(this.server, path, opts.query);
+    restClientRequestSize.observe(labels, body === undefined ? 0 : utf8Length(body));
     const timedOut = (e: unknown) =>
       !opts.signal?.aborted && timeout.aborted
         ? connectionError(timeout.reason, method, url, this.requestTimeoutMs)
@@ -309,6 +346,7 @@ export class KubeClient {
       if (opts.signal?.aborted) throw e;
       throw timeout.aborted ? timedOut(e) : connectionError(e, method, url);
     }
+    if (res.status < 400 || text.length > 0) restClientResponseSize.observe(labels, utf8Length(text));
     if (res.status >= 400) throw errorFrom(res.status, text, method, path);
     if (!text) return undefined as T;
     try {
@@ -337,26 +375,42 @@ export class KubeClient {
     signal: AbortSignal | undefined,
     onItem: (item: T) => void,
   ): Promise<KubeList<T>> {
-    await this.limiter.take(signal);
-    const timeout = AbortSignal.timeout(this.requestTimeoutMs);
-    const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
-    const res = await this.send("GET", buildUrl(this.server, path, query), undefined, undefined, sig);
-    if (res.status >= 400) throw errorFrom(res.status, await res.text(), "GET", path);
-    const decoder = new ListDecoder<T>(onItem);
-    if (res.body) {
-      try {
-        await readBody(res.body, (chunk) => decoder.push(chunk));
-      } catch (e) {
-        if (e instanceof ListDecodeError) {
-          throw new KubeApiError(res.status, "BadResponse", `GET ${path}: ${e.message}`);
-        }
-        throw e;
-      }
-    }
+    await this.throttle("GET", signal);
+    const labels = { verb: "GET", host: this.host };
+    const start = performance.now();
     try {
-      return decoder.end<KubeList<T>>();
-    } catch (e) {
-      throw new KubeApiError(res.status, "BadResponse", `GET ${path}: ${(e as Error).message}`);
+      const timeout = AbortSignal.timeout(this.requestTimeoutMs);
+      const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
+      restClientRequestSize.observe(labels, 0);
+      const res = await this.send("GET", buildUrl(this.server, path, query), undefined, undefined, sig);
+      if (res.status >= 400) {
+        const text = await res.text();
+        if (text.length > 0) restClientResponseSize.observe(labels, utf8Length(text));
+        throw errorFrom(res.status, text, "GET", path);
+      }
+      const decoder = new ListDecoder<T>(onItem);
+      let bytes = 0;
+      if (res.body) {
+        try {
+          await readBody(res.body, (chunk) => {
+            bytes += chunk.byteLength;
+            decoder.push(chunk);
+          });
+        } catch (e) {
+          if (e instanceof ListDecodeError) {
+            throw new KubeApiError(res.status, "BadResponse", `GET ${path}: ${e.message}`);
+          }
+          throw e;
+        }
+      }
+      restClientResponseSize.observe(labels, bytes);
+      try {
+        return decoder.end<KubeList<T>>();
+      } catch (e) {
+        throw new KubeApiError(res.status, "BadResponse", `GET ${path}: ${(e as Error).message}`);
+      }
+    } finally {
+      restClientRequestDuration.observe(labels, (performance.now() - start) / 1000);
     }
   }
 
@@ -467,6 +521,20 @@ export class KubeClient {
     this.closed = true;
     this.transport?.close();
   }
+}
+
+const utf8 = new TextEncoder();
+
+/** The UTF-8 length of a string (what went over the wire), without keeping an encoded copy. */
+function utf8Length(s: string): number {
+  let ascii = true;
+  for (let i = 0; i < s.length; i++) {
+    if (s.charCodeAt(i) > 0x7f) {
+      ascii = false;
+      break;
+    }
+  }
+  return ascii ? s.length : utf8.encode(s).byteLength;
 }
 
 /** Bytes per read of a response body (one buffer, reused). */

@@ -12,6 +12,7 @@
  */
 
 import { log } from "../log.ts";
+import { recordExecCertificate, recordExecPluginCall } from "./client_metrics.ts";
 
 /** The two credential API versions client-go v0.35 accepts. */
 export const EXEC_API_VERSIONS = ["client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1"];
@@ -252,7 +253,15 @@ export class ExecAuthenticator {
       const run = (this.opts.run ?? denoRunner)(cfg.command, cfg.args, env, interactive, abort.signal);
       out = await (timedOut ? Promise.race([run, timedOut]) : run);
     } catch (e) {
-      if (e instanceof ExecPluginError) throw e;
+      if (e instanceof ExecPluginError) {
+        // The time limit killed it (ours; client-go has none): a failed run of the plugin.
+        recordExecPluginCall(1, "plugin_execution_error");
+        throw e;
+      }
+      recordExecPluginCall(
+        1,
+        e instanceof Deno.errors.NotFound ? "plugin_not_found_error" : "client_internal_error",
+      );
       if (e instanceof Deno.errors.NotFound) {
         let msg = `exec: executable ${cfg.command} not found\n\nIt looks like you are trying to use a ` +
           "client-go credential plugin that is not installed.\n\nTo learn more about this feature, consult " +
@@ -271,12 +280,14 @@ export class ExecAuthenticator {
     } finally {
       clearTimeout(timer);
     }
+    recordExecPluginCall(out.code, out.code === 0 ? "no_error" : "plugin_execution_error");
     if (out.code !== 0) {
       throw new ExecPluginError(`exec: executable ${cfg.command} failed with exit code ${out.code}`);
     }
     const creds = parseExecCredential(out.stdout, cfg.apiVersion);
     const old = this.cached;
     this.cached = creds;
+    recordExecCertificate(creds.certPem, old?.certPem);
     if (old && old.certPem !== creds.certPem) {
       log.info("Exec credential plugin rotated the client certificate", { plugin: cfg.command });
     }

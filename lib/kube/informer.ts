@@ -7,9 +7,11 @@
  * re-delivered as `onUpdate(obj, obj)`. Handlers run synchronously in registration order; one that throws is logged and the
  * others (and the informer) carry on.
  *
- * The factories apply kube-proxy's selectors (cmd/kube-proxy/app/server.go): Services and EndpointSlices
- * without the `service.kubernetes.io/service-proxy-name` and `service.kubernetes.io/headless` labels,
- * Services also with `spec.clusterIP!=None`, and only this node's Node.
+ * The factories apply kube-proxy v1.37's selectors (cmd/kube-proxy/app/server.go): Services without the
+ * `service.kubernetes.io/service-proxy-name` label and with `spec.clusterIP!=None`, EndpointSlices without the
+ * `service.kubernetes.io/headless` label, every ServiceCIDR, and only this node's Node. (v1.35 put both labels on
+ * all three; upstream filters nothing more client-side: a slice of an opted-out Service is cached but has no
+ * Service to serve.)
  * @module
  */
 
@@ -279,8 +281,10 @@ export class Informer<T extends KubeObject> implements ReflectorStore<T> {
   }
 }
 
-/** kube-proxy's label selector for Services and EndpointSlices (labels.Selector.String() sorts by key). */
-export const PROXY_LABEL_SELECTOR = `!${LABEL_HEADLESS},!${LABEL_SERVICE_PROXY_NAME}`;
+/** kube-proxy's label selector for Services: not opted out to another proxy. */
+export const SERVICE_LABEL_SELECTOR = `!${LABEL_SERVICE_PROXY_NAME}`;
+/** kube-proxy's label selector for EndpointSlices: not a headless Service's. */
+export const ENDPOINTSLICE_LABEL_SELECTOR = `!${LABEL_HEADLESS}`;
 /** kube-proxy's field selector for Services: no headless services. */
 export const SERVICE_FIELD_SELECTOR = "spec.clusterIP!=None";
 
@@ -291,27 +295,27 @@ export function newServiceInformer(
 ): Informer<Service> {
   return new Informer<Service>(client, "/api/v1/services", {
     name: "services",
-    labelSelector: PROXY_LABEL_SELECTOR,
+    labelSelector: SERVICE_LABEL_SELECTOR,
     fieldSelector: SERVICE_FIELD_SELECTOR,
     ...opts,
   });
 }
 
-/** EndpointSlices kube-proxy handles: `/apis/discovery.k8s.io/v1/endpointslices`, same label selector. */
+/** EndpointSlices kube-proxy handles: `/apis/discovery.k8s.io/v1/endpointslices`, not headless Services'. */
 export function newEndpointSliceInformer(
   client: KubeClient,
   opts: InformerOptions<EndpointSlice> = {},
 ): Informer<EndpointSlice> {
   return new Informer<EndpointSlice>(client, "/apis/discovery.k8s.io/v1/endpointslices", {
     name: "endpointslices",
-    labelSelector: PROXY_LABEL_SELECTOR,
+    labelSelector: ENDPOINTSLICE_LABEL_SELECTOR,
     ...opts,
   });
 }
 
 /**
- * ServiceCIDRs (`/apis/networking.k8s.io/v1/servicecidrs`), with the label selector upstream's shared informer
- * factory puts on it; watched since MultiCIDRServiceAllocator went GA (v1.33).
+ * ServiceCIDRs (`/apis/networking.k8s.io/v1/servicecidrs`), all of them (v1.37 watches them through its
+ * unfiltered informer factory); watched since MultiCIDRServiceAllocator went GA (v1.33).
  */
 export function newServiceCIDRInformer(
   client: KubeClient,
@@ -319,7 +323,6 @@ export function newServiceCIDRInformer(
 ): Informer<ServiceCIDR> {
   return new Informer<ServiceCIDR>(client, "/apis/networking.k8s.io/v1/servicecidrs", {
     name: "servicecidrs",
-    labelSelector: PROXY_LABEL_SELECTOR,
     ...opts,
   });
 }

@@ -23,7 +23,7 @@ export interface NodePortAddresses {
 /**
  * Parses `nodePortAddresses` for one family as upstream's `NewNodePortAddresses`: entries of the other family
  * are dropped; none left (or a zero CIDR) means match-all. `primary` becomes `<nodeIP>/32` or `/128` using
- * `nodeIPs` (the first IP of the family).
+ * `nodeIPs` (the first IP of the family), `localhost` `127.0.0.0/8` / `::1/128`, `all` the zero CIDR (v1.37).
  */
 export function newNodePortAddresses(
   family: IPFamily,
@@ -38,6 +38,15 @@ export function newNodePortAddresses(
     if (e === "primary") {
       const ip = nodeIPs.find((x) => x.includes(":") === v6 && !isLoopback(x));
       if (ip) cidrs.push(`${ip}/${v6 ? 128 : 32}`);
+      continue;
+    }
+    // v1.37's keywords (#138427, `expandNodePortAddressKeywords`): loopback and zero CIDRs of both families.
+    if (e === "localhost") {
+      cidrs.push(v6 ? "::1/128" : "127.0.0.0/8");
+      continue;
+    }
+    if (e === "all") {
+      cidrs.push(v6 ? "::/0" : "0.0.0.0/0");
       continue;
     }
     if (e.includes(":") === v6) cidrs.push(e);

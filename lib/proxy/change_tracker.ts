@@ -95,11 +95,21 @@ export class ServiceChangeTracker {
     return this.#items.size;
   }
 
+  /**
+   * UDP service ports removed by the last {@linkcode apply} (their Service deleted, or the port dropped from
+   * it): their stale conntrack flows are cleaned up (v1.38 #141371).
+   */
+  removedUDPPorts: ServicePortInfo[] = [];
+
   /** Applies pending changes; returns the keys of the Services that changed. */
   apply(): Set<string> {
     const changed = new Set<string>();
+    this.removedUDPPorts = [];
     for (const [key, change] of this.#items) {
       changed.add(key);
+      for (const [pk, info] of change.previous ?? []) {
+        if (info.protocol === "UDP" && !change.current?.has(pk)) this.removedUDPPorts.push(info);
+      }
       if (change.current && change.current.size > 0) this.#applied.set(key, change.current);
       else this.#applied.delete(key);
     }

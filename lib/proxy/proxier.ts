@@ -63,8 +63,11 @@ export interface ProxierOptions {
   clock?: Clock;
   healthServer?: ProxyHealthUpdater;
   serviceHealthServer?: ServiceHealthUpdater;
-  /** Stale UDP conntrack cleanup, called after a successful sync in which UDP endpoints changed. */
-  conntrackCleaner?: (snapshot: ProxySnapshot) => Promise<void>;
+  /**
+   * Stale UDP conntrack cleanup, called after a successful sync in which UDP endpoints changed or UDP service
+   * ports were removed (`removed`).
+   */
+  conntrackCleaner?: (snapshot: ProxySnapshot, removed: readonly ServicePortInfo[]) => Promise<void>;
   /** Called for Services with unusable fields (main.ts emits an Event). */
   onInvalidService?: InvalidServiceCallback;
   /** Called for the parts of EndpointSlices skipped as invalid (main.ts emits an Event). */
@@ -146,6 +149,9 @@ export class Proxier {
         quarantine: new Map(),
         unsynced: null,
       });
+      // Our own failure counter starts at 0 per family: "no failed sync yet" is a measured value, and the
+      // alert on its rate (deploy/monitoring/alerts.yaml) has a series to evaluate from the start.
+      syncFailuresTotal.inc({ ip_family: family }, 0);
       first = false;
     }
     this.#runner = new BoundedFrequencyRunner("sync-runner", () => this.#syncAll(), {
@@ -393,8 +399,9 @@ export class Proxier {
     const start = performance.now();
     const now = this.#clock.now();
     const full = f.needFullSync || f.lastFullSyncAt === null ||
-      now - f.lastFullSyncAt >= this.#fullSyncPeriodMs;
+      (now - f.lastFullSyncAt >= this.#fullSyncPeriodMs && !(f.dataplane.skipsPeriodicFullSync?.() ?? false));
     const changedServices = f.services.apply();
+    const removedUDP = f.services.removedUDPPorts;
     const ep = f.endpoints.checkout();
     for (const k of ep.changedServices) changedServices.add(k);
     const cidrs = f.lastSnapshot?.serviceCIDRs;
@@ -465,9 +472,9 @@ export class Proxier {
       numServices: snapshot.servicePorts.size,
       numEndpoints: snapshot.totalEndpoints,
     });
-    if (ep.conntrackCleanupRequired && this.opts.conntrackCleaner) {
+    if ((ep.conntrackCleanupRequired || removedUDP.length > 0) && this.opts.conntrackCleaner) {
       try {
-        await this.opts.conntrackCleaner(snapshot);
+        await this.opts.conntrackCleaner(snapshot, removedUDP);
       } catch (err) {
         log.error("Failed to clean up stale UDP conntrack entries", err, { ipFamily: f.family });
       }

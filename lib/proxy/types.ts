@@ -145,6 +145,11 @@ export interface Dataplane {
    * Resolves true when a full resync is needed. Optional.
    */
   needsFullSync?(): Promise<boolean>;
+  /**
+   * Whether the hourly full resync is skipped now (upstream v1.37's iptables large-cluster mode, #138571:
+   * more than 1000 endpoints at the last sync). Optional; false when absent.
+   */
+  skipsPeriodicFullSync?(): boolean;
   /** Stops the dataplane's own timers (the rules stay in the kernel). Optional. */
   stop?(): void;
 }

@@ -6,11 +6,14 @@
  */
 import { type BindOptions, SingleListenerServer } from "./listen.ts";
 import { registerMetrics, registry } from "../metrics.ts";
+import type { ZPages } from "./zpages.ts";
 
 /** Options of {@linkcode MetricsServer}. */
 export interface MetricsServerOptions extends BindOptions {
   /** The proxy mode served on /proxyMode ("iptables", "nftables", "ipvs"). */
   mode: string;
+  /** `/configz`, `/flagz` and `/statusz` (upstream v1.37 serves them on this listener). */
+  zpages?: ZPages;
 }
 
 /** Serves /metrics, /healthz and /proxyMode. */
@@ -22,6 +25,8 @@ export class MetricsServer extends SingleListenerServer {
 
   /** Handles one request (exposed for tests without sockets). */
   async handle(req: Request): Promise<Response> {
+    const z = this.opts.zpages?.handle(req);
+    if (z) return z;
     switch (new URL(req.url).pathname) {
       case "/metrics":
         return new Response(await registry.metrics(), { headers: { "Content-Type": registry.contentType } });

@@ -38,11 +38,11 @@ Deno.test("--help prints the long description and pflag's flag table on stdout, 
 Deno.test("--version prints the version and exits 0", async () => {
   const r = await run(["--version"]);
   assert.deepEqual(r.result, { exit: 0 });
-  assert.equal(r.stdout, "Kubernetes v1.35.0-deno-kube-proxy-0.1.0\n");
+  assert.equal(r.stdout, "Kubernetes v1.37.2-deno-kube-proxy-0.1.0\n");
   const raw = await run(["--version=raw"]);
   assert.match(
     raw.stdout,
-    /^version\.Info\{Major:"1", Minor:"35", GitVersion:"v1\.35\.0-deno-kube-proxy-0\.1\.0"/,
+    /^version\.Info\{Major:"1", Minor:"37", GitVersion:"v1\.37\.2-deno-kube-proxy-0\.1\.0"/,
   );
 });
 
@@ -294,10 +294,29 @@ Deno.test("-v and --logging-format configure the logger", async () => {
   assert.ok(r.logs.some((l) => l.includes("FLAG: --v=")), "flags are logged at -v=1 and above");
 });
 
-Deno.test("unknown feature gates are accepted with a warning", async () => {
-  const r = await run(["--feature-gates=SomeOtherComponentGate=true,AllAlpha=true"]);
+Deno.test("feature gates as upstream v1.37.2: any component's gate is known, unknown ones refused, GA ones warned about", async () => {
+  // A kube-apiserver gate: upstream's binary knows the shared list of every component.
+  const r = await run([
+    "--feature-gates=APIServerIdentity=false,AllAlpha=true,MultiCIDRServiceAllocator=true",
+  ]);
   assert.ok("options" in r.result, r.stderr);
-  assert.equal(r.result.options.featureGates.SomeOtherComponentGate, true);
+  assert.equal(r.result.options.featureGates.APIServerIdentity, false);
   assert.equal(r.result.options.featureGates.LoggingAlphaOptions, true, "AllAlpha turns alpha gates on");
-  assert.ok(r.logs.some((l) => l.includes("unrecognized feature gate: SomeOtherComponentGate")));
+  assert.equal(r.result.options.featureGates.ComponentStatusz, true, "BETA and on by default");
+  assert.ok(
+    r.logs.some((l) =>
+      l.includes("Warning: setting GA feature gate. It will be removed in a future release.") &&
+      l.includes("MultiCIDRServiceAllocator")
+    ),
+    r.logs.join("\n"),
+  );
+  const bad = await run(["--feature-gates=Bogus=true"]);
+  assert.deepEqual(bad.result, { exit: 1 });
+  assert.equal(bad.stderr, "Error: failed complete: unrecognized feature gate: Bogus\n");
+  const locked = await run(["--feature-gates=MultiCIDRServiceAllocator=false"]);
+  assert.deepEqual(locked.result, { exit: 1 });
+  assert.equal(
+    locked.stderr,
+    "Error: failed complete: cannot set feature gate MultiCIDRServiceAllocator to false, feature is locked to true\n",
+  );
 });

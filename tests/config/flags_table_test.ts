@@ -218,15 +218,10 @@ const TABLE: Record<
     get: (o) => [o.config.mode, o.mode],
     want: ["nftables", "nftables"],
   },
-  "proxy-port-range": {
-    argv: ["--proxy-port-range=30000-30100"],
-    get: (o) => o.config.portRange,
-    want: "30000-30100",
-  },
   "show-hidden-metrics-for-version": {
-    argv: ["--show-hidden-metrics-for-version=1.34"],
+    argv: ["--show-hidden-metrics-for-version=1.36"],
     get: (o) => o.config.showHiddenMetricsForVersion,
-    want: "1.34",
+    want: "1.36",
   },
   "v": { argv: ["-v", "4"], get: (o) => o.config.logging.verbosity, want: 4 },
   "version": { argv: ["--version"], exit: 0 },

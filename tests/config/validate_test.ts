@@ -58,11 +58,16 @@ Deno.test("each class of bad value gives upstream's error with its field path", 
       'mode: Invalid value: "userspace": must be iptables, ipvs, nftables or blank (blank means the best-available proxy [currently iptables])',
     ]],
     ["bad nodePortAddresses entry", (c) => c.nodePortAddresses = ["192.168.0.0/16", "invalid"], [
-      'nodePortAddresses[1]: Invalid value: "invalid": must be a valid CIDR',
+      `nodePortAddresses[1]: Invalid value: "invalid": must be a valid CIDR or one of the keywords 'primary', 'localhost', 'all'`,
     ]],
-    ["primary mixed with CIDRs", (c) => c.nodePortAddresses = ["10.0.0.0/8", "primary"], [
-      `nodePortAddresses[1]: Invalid value: "primary": can't use both 'primary' and CIDRs`,
-    ]],
+    // v1.37 (#138427): keywords combine with CIDRs; a keyword given twice is a Duplicate value.
+    [
+      "a nodePortAddresses keyword twice",
+      (c) => c.nodePortAddresses = ["primary", "10.0.0.0/8", "all", "primary"],
+      [
+        'nodePortAddresses[3]: Duplicate value: "primary"',
+      ],
+    ],
     ["unknown detectLocalMode", (c) => c.detectLocalMode = "Magic", [
       'detectLocalMode: Unsupported value: "Magic": supported values: "ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", ""',
     ]],
@@ -112,16 +117,17 @@ Deno.test("each class of bad value gives upstream's error with its field path", 
       "showHiddenMetricsForVersion must be the previous minor",
       (c) => c.showHiddenMetricsForVersion = "1.10",
       [
-        `showHiddenMetricsForVersion: Invalid value: "1.10": --show-hidden-metrics-for-version must be omitted or have the value '1.34'. Only the previous minor version is allowed`,
+        `showHiddenMetricsForVersion: Invalid value: "1.10": --show-hidden-metrics-for-version must be omitted or have the value '1.36'. Only the previous minor version is allowed`,
       ],
     ],
   ];
   for (const [name, mutate, want] of cases) assert.deepEqual(errorsFor(mutate), want, name);
 });
 
-Deno.test("a dual-stack clusterCIDR pair and 'primary' alone are valid", () => {
+Deno.test("a dual-stack clusterCIDR pair and nodePortAddresses keywords (alone or with CIDRs, as v1.37) are valid", () => {
   assert.deepEqual(errorsFor((c) => c.clusterCIDR = "10.0.0.0/8,fd00::/48"), []);
   assert.deepEqual(errorsFor((c) => c.nodePortAddresses = ["primary"]), []);
+  assert.deepEqual(errorsFor((c) => c.nodePortAddresses = ["10.0.0.0/8", "primary", "localhost", "all"]), []);
 });
 
 Deno.test("clusterCIDR is only validated for ClusterCIDR local detection", () => {

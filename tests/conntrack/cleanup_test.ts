@@ -126,7 +126,68 @@ privilegedTest(netnsUnavailableReason(), {
     }),
 });
 
-Deno.test("UDP service with no serving endpoints: its flows are left alone (upstream skips it)", async () => {
+privilegedTest(netnsUnavailableReason(), {
+  name: "netns: real UDP conntrack entries of a Service without endpoints, and of a deleted one, are deleted",
+  fn: () =>
+    withNetns(async (runner) => {
+      const ins = (s: string, sp: number, d: string, dp: number, rs: string, rsp: number) =>
+        runner.run({
+          cmd: "conntrack",
+          args: [
+            "-I",
+            "-p",
+            "udp",
+            "-s",
+            s,
+            "-d",
+            d,
+            "--sport",
+            String(sp),
+            "--dport",
+            String(dp),
+            "-r",
+            rs,
+            "-q",
+            s,
+          ]
+            .concat(["--reply-port-src", String(rsp), "--reply-port-dst", String(sp), "-t", "120"]),
+        });
+      const sports = async () =>
+        parseConntrackList((await runner.run({ cmd: "conntrack", args: ["-L", "-p", "udp"] })).stdout, "IPv4")
+          .map((f) => f.origSport).sort();
+      await ins("10.0.0.1", 5000, "172.30.0.48", 53, "10.180.0.8", 5353); // was served by a deleted endpoint
+      await ins("10.0.0.2", 5001, "172.30.0.48", 53, "172.30.0.48", 53); // never DNATed
+      await ins("1.1.1.1", 7000, "192.168.0.2", 30053, "10.180.0.8", 5353); // NodePort: kept
+      await ins("10.0.0.3", 5002, "172.30.0.50", 53, "10.180.0.9", 5353); // another Service, deleted below
+      await ins("10.0.0.5", 5004, "8.8.8.8", 53, "8.8.8.8", 53); // unrelated: kept
+      const noEndpoints = snapshot([
+        makeState(
+          {
+            ns: "kube-system",
+            name: "dns",
+            protocol: "UDP",
+            clusterIP: "172.30.0.48",
+            portNum: 53,
+            nodePort: 30053,
+          },
+          [],
+        ),
+      ]);
+      assert.equal(await cleanStaleUDPConntrack(runner, noEndpoints), 2);
+      assert.deepEqual(await sports(), [5002, 5004, 7000]);
+      const deleted = {
+        protocol: "UDP" as const,
+        clusterIP: "172.30.0.50",
+        loadBalancerVIPs: [],
+        externalIPs: [],
+        port: 53,
+      };
+      assert.equal(await cleanStaleUDPConntrack(runner, noEndpoints, "IPv4", [deleted]), 1);
+      assert.deepEqual(await sports(), [5004, 7000]);
+    }),
+});
+
+Deno.test("UDP service with no serving endpoints: its ClusterIP flows are deleted, its NodePort flows kept (v1.37 #139629)", async () => {
   const snap = snapshot([
     makeState({
       ns: "kube-system",
@@ -138,16 +199,48 @@ Deno.test("UDP service with no serving endpoints: its flows are left alone (upst
     }, [{ ip: "10.180.0.10", port: 5353, ready: false, serving: false, terminating: true }]),
   ]);
   const flows = parseConntrackList(LIST, "IPv4");
-  assert.deepEqual(staleUDPFlows(snap, flows), []);
+  // Every flow to 172.30.0.48:53, the one DNATed to a serving endpoint before included; the NodePort flow
+  // (port 30053, matched on the port alone) and the other destinations stay.
+  assert.deepEqual(staleUDPFlows(snap, flows).map((f) => f.origSport), [5000, 5001, 5002, 5005]);
   const r = new RecordingCommandRunner((c) => (c.args[0] === "-L" ? { stdout: LIST } : undefined));
-  assert.equal(await cleanStaleUDPConntrack(r, snap), 0);
-  assert.deepEqual(r.calls.map((c) => c.args[0]), ["-L"]);
-  // With no endpoint at all, too.
+  assert.equal(await cleanStaleUDPConntrack(r, snap), 4);
+  assert.deepEqual(r.calls.map((c) => c.args[0]), ["-L", "-R"]);
+  // With no endpoint at all, the same.
   const none = snapshot([
     makeState(
       { ns: "a", name: "u", protocol: "UDP", clusterIP: "172.30.0.48", portNum: 53, nodePort: 30053 },
       [],
     ),
   ]);
-  assert.deepEqual(staleUDPFlows(none, flows), []);
+  assert.deepEqual(staleUDPFlows(none, flows).map((f) => f.origSport), [5000, 5001, 5002, 5005]);
+});
+
+Deno.test("a deleted UDP Service: its frontends' flows are deleted, unless a current port took the address over (v1.38 #141371)", async () => {
+  const flows = parseConntrackList(LIST, "IPv4");
+  const dns = {
+    protocol: "UDP" as const,
+    clusterIP: "172.30.0.48",
+    loadBalancerVIPs: [],
+    externalIPs: [],
+    port: 53,
+  };
+  // Nothing left of the Service: every flow to 172.30.0.48:53 goes; the NodePort's are left alone.
+  assert.deepEqual(staleUDPFlows(snapshot([]), flows, [dns]).map((f) => f.origSport), [
+    5000,
+    5001,
+    5002,
+    5005,
+  ]);
+  const r = new RecordingCommandRunner((c) => (c.args[0] === "-L" ? { stdout: LIST } : undefined));
+  assert.equal(await cleanStaleUDPConntrack(r, snapshot([]), "IPv4", [dns]), 4);
+  assert.deepEqual(r.calls.map((c) => c.args[0]), ["-L", "-R"]);
+  // A new Service on the same ClusterIP and port: its serving endpoints' flows are kept.
+  assert.deepEqual(staleUDPFlows(dnsSnapshot(), flows, [dns]).map((f) => f.origSport), [
+    5001,
+    5002,
+    7000,
+    5005,
+  ]);
+  // A deleted TCP port: nothing.
+  assert.deepEqual(staleUDPFlows(snapshot([]), flows, [{ ...dns, protocol: "TCP" }]), []);
 });

@@ -6,6 +6,7 @@ import {
   type Informer,
   newEndpointSliceInformer,
   newNodeInformer,
+  newServiceCIDRInformer,
   newServiceInformer,
 } from "../../lib/kube/informer.ts";
 import type { KubeObject, Service } from "../../lib/kube/types.ts";
@@ -72,11 +73,12 @@ Deno.test("informers: initial sync of services, endpointslices and the own node,
     assert.ok(svcs.get("default/web"));
     assert.ok(nodes.get("node-a"));
     const q = sim.stats.listQueries.services[0];
-    assert.equal(
-      q.get("labelSelector"),
-      "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name",
-    );
+    // v1.37's selectors: one label each (v1.35 put both on Services and EndpointSlices).
+    assert.equal(q.get("labelSelector"), "!service.kubernetes.io/service-proxy-name");
     assert.equal(q.get("fieldSelector"), "spec.clusterIP!=None");
+    const sq = sim.stats.listQueries.endpointslices[0];
+    assert.equal(sq.get("labelSelector"), "!service.kubernetes.io/headless");
+    assert.equal(sq.get("fieldSelector"), null);
     assert.equal(q.get("limit"), "500");
     assert.equal(sim.stats.listQueries.nodes[0].get("fieldSelector"), "metadata.name=node-a");
     await waitFor(() => sim.openWatches() === 3, "three watches");
@@ -91,6 +93,26 @@ Deno.test("informers: initial sync of services, endpointslices and the own node,
     );
   } finally {
     await Promise.all([svcs.stop(), slices.stop(), nodes.stop()]);
+  }
+});
+
+Deno.test("informers: ServiceCIDRs are watched without a label selector, labelled ones included (v1.37)", async () => {
+  await using env = await setup();
+  const { sim, client } = env;
+  sim.upsert("servicecidrs", {
+    apiVersion: "networking.k8s.io/v1",
+    kind: "ServiceCIDR",
+    metadata: { name: "labelled", labels: { "service.kubernetes.io/service-proxy-name": "x" } },
+    spec: { cidrs: ["10.97.0.0/16"] },
+  } as KubeObject);
+  const cidrs = newServiceCIDRInformer(client, FAST);
+  cidrs.start();
+  try {
+    assert.equal(await cidrs.waitForSync(), true);
+    assert.deepEqual(cidrs.list().map((c) => c.metadata?.name), ["labelled"]);
+    assert.equal(sim.stats.listQueries.servicecidrs[0].get("labelSelector"), null);
+  } finally {
+    await cidrs.stop();
   }
 });
 

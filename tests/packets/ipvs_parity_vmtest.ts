@@ -1,5 +1,5 @@
 /**
- * Parity with upstream kube-proxy v1.35.4 in ipvs mode, inside the IPVS VM (the host kernel has no IPVS):
+ * Parity with upstream kube-proxy v1.37.2 in ipvs mode, inside the IPVS VM (the host kernel has no IPVS):
  * upstream kube-proxy and this agent run side by side against one real kube-apiserver (with etcd, in the
  * VM too), each in the node namespace of its own identical sandbox, over the corpus of Service shapes of
  * the host's parity test (tests/packets/parity_harness.ts). Once both have synced, and again after rounds of

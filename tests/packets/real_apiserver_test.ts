@@ -1,5 +1,5 @@
 /**
- * The agent against the real kube-apiserver (issue 12 item 2): kube-apiserver v1.35.4 and etcd, built by
+ * The agent against the real kube-apiserver (issue 12 item 2): kube-apiserver v1.37.2 and etcd, built by
  * scripts/build_k8s.sh, run in a control-plane namespace joined to the sandbox's node namespace
  * (testkit/kube_apiserver.ts); the agent runs in the node namespace with the `start` task's permissions.
  *

@@ -1,5 +1,5 @@
 /**
- * Rule parity with upstream kube-proxy (issue 12 item 3): upstream kube-proxy v1.35.4 (built by
+ * Rule parity with upstream kube-proxy (issue 12 item 3): upstream kube-proxy v1.37.2 (built by
  * scripts/build_k8s.sh) and this agent run side by side against one real kube-apiserver, each in the node
  * namespace of its own sandbox (identical: same addresses, same node name, same flags), over a corpus of
  * Services and EndpointSlices covering every shape kube-proxy renders. Once both have synced,

@@ -15,7 +15,12 @@ class FakeDataplane implements Dataplane {
   snapshots: ProxySnapshot[] = [];
   failNext = 0;
   flushed = false;
+  /** What skipsPeriodicFullSync() answers (the iptables dataplane's large-cluster mode). */
+  largeCluster = false;
   constructor(readonly family: IPFamily) {}
+  skipsPeriodicFullSync(): boolean {
+    return this.largeCluster;
+  }
   sync(s: ProxySnapshot): Promise<SyncResult> {
     this.snapshots.push(s);
     if (this.failNext > 0) {
@@ -38,6 +43,7 @@ function setup(families: IPFamily[] = ["IPv4"], isolateRefusedPorts = true) {
   const clock = new FakeClock(Date.parse("2026-01-01T00:00:00Z"));
   const dps = new Map(families.map((f) => [f, new FakeDataplane(f)]));
   const cleaned: ProxySnapshot[] = [];
+  const removedUDP: string[][] = [];
   const health: string[] = [];
   const proxier = new Proxier({
     families: dps,
@@ -46,8 +52,9 @@ function setup(families: IPFamily[] = ["IPv4"], isolateRefusedPorts = true) {
     syncPeriodMs: 30_000,
     clock,
     isolateRefusedPorts,
-    conntrackCleaner: (s) => {
+    conntrackCleaner: (s, removed) => {
       cleaned.push(s);
+      removedUDP.push(removed.map((r) => `${r.clusterIP}:${r.port}/${r.protocol}`));
       return Promise.resolve();
     },
     healthServer: {
@@ -56,7 +63,7 @@ function setup(families: IPFamily[] = ["IPv4"], isolateRefusedPorts = true) {
       isHealthy: () => true,
     },
   });
-  return { clock, dp: dps.get(families[0])!, dps, proxier, cleaned, health };
+  return { clock, dp: dps.get(families[0])!, dps, proxier, cleaned, removedUDP, health };
 }
 
 Deno.test("Proxier does not sync before both Services and EndpointSlices are synced", async () => {
@@ -193,6 +200,50 @@ Deno.test("Proxier cleans conntrack only when UDP endpoints changed, and polls n
   assert.equal(dp.snapshots.length, n + 1);
   assert.equal(dp.last.changedServices, null, "an external flush forces a full sync");
   await proxier.stop();
+});
+
+Deno.test("Proxier cleans conntrack for a deleted UDP Service, naming its frontends (v1.38 #141371)", async () => {
+  const { clock, proxier, cleaned, removedUDP } = setup();
+  const udp = service("ns", "dns", { ports: [{ name: "dns", port: 53, protocol: "UDP" }] });
+  const tcp = service("ns", "web", { clusterIP: "172.30.1.2", clusterIPs: ["172.30.1.2"] });
+  proxier.onServiceAdd(udp);
+  proxier.onServiceAdd(tcp);
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  assert.equal(cleaned.length, 0);
+  proxier.onServiceDelete(tcp);
+  await clock.advance(1000);
+  assert.equal(cleaned.length, 0, "a deleted TCP Service needs no cleanup");
+  proxier.onServiceDelete(udp);
+  await clock.advance(1000);
+  assert.equal(cleaned.length, 1);
+  assert.deepEqual(removedUDP[0], [`${udp.spec!.clusterIP}:53/UDP`]);
+  await proxier.stop();
+});
+
+Deno.test("Proxier: the hourly full resync happens, unless the dataplane is in large-cluster mode (v1.37 #138571)", async () => {
+  for (const large of [false, true]) {
+    const { clock, dp, proxier } = setup();
+    dp.largeCluster = large;
+    proxier.onServiceAdd(service("ns", "web"));
+    proxier.onServicesSynced();
+    proxier.onEndpointSlicesSynced();
+    proxier.start();
+    await clock.advance(0);
+    assert.equal(dp.snapshots.length, 1);
+    assert.equal(dp.last.changedServices, null, "the first sync is full");
+    // Past the hour, with syncPeriod (30 s) ticks all along and no change.
+    await clock.advance(60 * 60 * 1000 + 30_000);
+    const fulls = dp.snapshots.filter((s) => s.changedServices === null).length;
+    assert.equal(fulls, large ? 1 : 2, `large-cluster mode ${large}`);
+    // A change is still synced (partially) in large-cluster mode.
+    proxier.onServiceAdd(service("ns", "api", { clusterIP: "172.30.1.9", clusterIPs: ["172.30.1.9"] }));
+    await clock.advance(1000);
+    assert.deepEqual([...dp.last.changedServices ?? []], ["ns/api"]);
+    await proxier.stop();
+  }
 });
 
 Deno.test("Proxier builds one snapshot per family from dual-stack Services and slices", async () => {

@@ -2,7 +2,14 @@
 import assert from "node:assert/strict";
 import { RecordingCommandRunner } from "../../lib/exec.ts";
 import { configureLogging } from "../../lib/log.ts";
-import { applyOOMScoreAdj, conntrackMax, setupConntrack } from "../../lib/conntrack/sysctls.ts";
+import {
+  applyOOMScoreAdj,
+  conntrackMax,
+  cpuListSize,
+  nodeOnlineCPUs,
+  ONLINE_CPUS_PATH,
+  setupConntrack,
+} from "../../lib/conntrack/sysctls.ts";
 import { FakeClock } from "../../lib/proxy/clock.ts";
 import { detectNodeIPs, nodeHostIPs, NodeManager } from "../../lib/proxy/node_manager.ts";
 import type { Node } from "../../lib/kube/types.ts";
@@ -13,6 +20,53 @@ Deno.test("conntrackMax() is max(maxPerCore x nCPU, min), 0 when maxPerCore is 0
   assert.equal(conntrackMax({ maxPerCore: 32768, min: 131072 }, 2), 131072);
   assert.equal(conntrackMax({ maxPerCore: 32768, min: 131072 }, 8), 262144);
   assert.equal(conntrackMax({ maxPerCore: 0, min: 131072 }, 8), 0);
+});
+
+Deno.test("conntrackMax() caps the scaled value at 1,048,576, even over min (v1.37 #137002)", () => {
+  assert.equal(conntrackMax({ maxPerCore: 32768, min: 131072 }, 32), 1_048_576);
+  assert.equal(conntrackMax({ maxPerCore: 32768, min: 131072 }, 33), 1_048_576);
+  assert.equal(conntrackMax({ maxPerCore: 32768, min: 2_000_000 }, 64), 1_048_576);
+  assert.equal(conntrackMax({ maxPerCore: 32768, min: 2_000_000 }, 8), 2_000_000);
+});
+
+Deno.test("the CPU count is the node's online CPUs (v1.37 #140021), hardwareConcurrency when unreadable", () => {
+  assert.equal(cpuListSize("0-3,6,8-9\n"), 7);
+  assert.equal(cpuListSize("0"), 1);
+  assert.equal(cpuListSize("x"), null);
+  const paths: string[] = [];
+  assert.equal(nodeOnlineCPUs((p) => (paths.push(p), "0-63\n")), 64);
+  assert.deepEqual(paths, [ONLINE_CPUS_PATH]);
+  assert.equal(
+    nodeOnlineCPUs(() => {
+      throw new Deno.errors.NotFound();
+    }),
+    navigator.hardwareConcurrency,
+  );
+});
+
+Deno.test("setupConntrack() only ever raises nf_conntrack_max (v1.37)", async () => {
+  for (const [current, wantWrite] of [["2000000", false], ["1048576", false], ["65536", true]] as const) {
+    const runner = new RecordingCommandRunner((c) => {
+      if (c.args[0] === "-n") {
+        return { stdout: `${c.args[1] === "net.netfilter.nf_conntrack_max" ? current : 0}\n` };
+      }
+    });
+    await setupConntrack(runner, {
+      maxPerCore: 32768,
+      min: 131072,
+      tcpEstablishedTimeoutSeconds: 0,
+      tcpCloseWaitTimeoutSeconds: 0,
+      tcpBeLiberal: false,
+      udpTimeoutSeconds: 0,
+      udpStreamTimeoutSeconds: 0,
+    }, { numCPU: 64 });
+    const writes = runner.callsOf("sysctl").filter((c) => c.args[0] === "-w").map((c) => c.args[1]);
+    assert.deepEqual(
+      writes,
+      wantWrite ? ["net.netfilter.nf_conntrack_max=1048576"] : [],
+      `current ${current}`,
+    );
+  }
 });
 
 Deno.test("setupConntrack() writes only the values that differ", async () => {

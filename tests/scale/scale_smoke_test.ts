@@ -8,10 +8,15 @@
 import assert from "node:assert/strict";
 import { runScale, type ScaleOptions, sideBySide } from "../../scripts/scale.ts";
 import { type AgentName, type ScaleMode, upstreamAvailable } from "../../scripts/scale_agents.ts";
-import { privilegedTest } from "../../testkit/privileged.ts";
+import { privilegedTest, privilegedTestsRequired } from "../../testkit/privileged.ts";
 
-const unavailable = Deno.uid() !== 0 ? "the scale harness needs root" : undefined;
 const withUpstream = await upstreamAvailable();
+// Where privileged tests are required (CI), upstream must be there too: a run without it must not look green.
+const unavailable = Deno.uid() !== 0
+  ? "the scale harness needs root"
+  : !withUpstream && privilegedTestsRequired()
+  ? "upstream kube-proxy is not built (run scripts/build_k8s.sh)"
+  : undefined;
 const agents: AgentName[] = withUpstream ? ["ours", "upstream"] : ["ours"];
 const who = withUpstream ? "ours and upstream" : "ours only (upstream kube-proxy not built)";
 

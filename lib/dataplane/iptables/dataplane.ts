@@ -209,6 +209,11 @@ export class IptablesDataplane implements Dataplane {
     this.chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
   }
 
+  /** v1.37 (#138571): in large-cluster mode (> 1000 endpoints at the last sync) no hourly full resync. */
+  skipsPeriodicFullSync(): boolean {
+    return this.largeCluster;
+  }
+
   /** Checks the mangle canary chain (cheap: mangle is small); true when it is gone and a full sync is due. */
   async needsFullSync(): Promise<boolean> {
     if (!this.everSynced) return false;

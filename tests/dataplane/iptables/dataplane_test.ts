@@ -329,6 +329,16 @@ Deno.test("large-cluster mode leaves out SVC/SEP comments", async () => {
   assert.ok(p.includes(`-A KUBE-SERVICES -m comment --comment "ns/big:p80 cluster IP"`));
 });
 
+Deno.test("large-cluster mode (> 1000 endpoints at the last sync) skips the hourly full resync (v1.37 #138571)", async () => {
+  const eps = (n: number) => Array.from({ length: n }, (_, i) => ({ ip: `10.2.${i >> 8}.${i & 255}` }));
+  const d = dp(recorder());
+  assert.equal(d.skipsPeriodicFullSync(), false);
+  await d.sync(snapshot([makeState({ ns: "ns", name: "big", clusterIP: "172.30.0.99" }, eps(1001))]));
+  assert.equal(d.skipsPeriodicFullSync(), true);
+  await d.sync(snapshot([makeState({ ns: "ns", name: "big", clusterIP: "172.30.0.99" }, eps(1000))]));
+  assert.equal(d.skipsPeriodicFullSync(), false, "1000 endpoints is not large");
+});
+
 Deno.test("nf_conntrack_tcp_be_liberal=1 → no INVALID drop", async () => {
   const r = recorder((
     c,
