@@ -253,7 +253,8 @@ export class ExecAuthenticator {
       const run = (this.opts.run ?? denoRunner)(cfg.command, cfg.args, env, interactive, abort.signal);
       out = await (timedOut ? Promise.race([run, timedOut]) : run);
     } catch (e) {
-      if (e instanceof ExecPluginError) { // killed after the time limit: the plugin did not finish
+      if (e instanceof ExecPluginError) {
+        // The time limit killed it (ours; client-go has none): a failed run of the plugin.
         recordExecPluginCall(1, "plugin_execution_error");
         throw e;
       }
