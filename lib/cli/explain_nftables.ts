@@ -7,8 +7,15 @@
  * @module
  */
 import { masqueradeMark } from "../dataplane/masquerade.ts";
-import { CHAIN, endpointNames, servicePortChainNames, SET } from "../dataplane/nftables/names.ts";
-import { ifNotLocal, nftFamily } from "../dataplane/nftables/rules.ts";
+import {
+  CHAIN,
+  endpointNames,
+  localhostNodePortRejectChain,
+  localhostNodePortRejectedCounter,
+  servicePortChainNames,
+  SET,
+} from "../dataplane/nftables/names.ts";
+import { ifNotLocal, localhostNodePortHandling, nftFamily } from "../dataplane/nftables/rules.ts";
 import type { LocalTraffic } from "../dataplane/local_traffic.ts";
 import { cidrContains, isLoopback } from "../net/ip.ts";
 import { familyNodeIP, newNodePortAddresses } from "../net/node_addresses.ts";
@@ -403,12 +410,70 @@ function unmatched(
     });
     return { ...none, steps, verdict: { kind: "drop", reason: "an unallocated ClusterIP" }, notes: [] };
   }
-  const nodePortHere = [...ctx.snapshot.servicePorts.values()].some((s) =>
+  const nodePort = [...ctx.snapshot.servicePorts.values()].find((s) =>
     s.info.nodePort === ctx.port && s.info.protocol === ctx.protocol
   );
+  const nodePortHere = nodePort !== undefined;
+  // KubeProxyNFTablesLocalhostNodePorts: a NodePort on loopback is rejected and counted, or (TCP, loopback named
+  // in nodePortAddresses) taken by the agent's own listener.
+  const localhost = localhostNodePortHandling(
+    ctx.opts.featureGates?.["KubeProxyNFTablesLocalhostNodePorts"] ?? false,
+    newNodePortAddresses(ctx.family, ctx.opts.nodePortAddresses, ctx.nodeIPs).cidrs,
+  );
+  if (nodePort !== undefined && isLoopback(ctx.dst) && localhost.rejects.includes(ctx.protocol)) {
+    const chain = localhostNodePortRejectChain(ctx.protocol);
+    steps.push({
+      text:
+        `${CHAIN.filterInput} -> ${CHAIN.nodePortEndpointsCheck}: @${SET.localhostNodePortRejects} maps ` +
+        `${ctx.proto} . ${ctx.port} to goto ${chain}, which counts it (counter ` +
+        `${
+          localhostNodePortRejectedCounter(ctx.protocol)
+        }) and rejects it (KubeProxyNFTablesLocalhostNodePorts).`,
+      names: [CHAIN.nodePortEndpointsCheck, SET.localhostNodePortRejects, chain],
+    });
+    return {
+      ...none,
+      steps,
+      verdict: {
+        kind: "reject",
+        reason: "a NodePort on localhost, not served (KubeProxyNFTablesLocalhostNodePorts)",
+      },
+      notes: [],
+    };
+  }
+  if (nodePort !== undefined && isLoopback(ctx.dst) && localhost.listeners && ctx.protocol === "TCP") {
+    const st = nodePort;
+    const eps = (st.plan.externalPolicyLocal ? st.selection.localEndpoints : st.selection.clusterEndpoints) ??
+      [];
+    steps.push({
+      text: eps.length > 0
+        ? `No rule of the table matches; the agent's own listener on ${ctx.dst}:${ctx.port} ` +
+          `(KubeProxyNFTablesLocalhostNodePorts, loopback in nodePortAddresses) accepts the connection and opens ` +
+          `one to an endpoint of ${st.info.nameString} (${eps.map((e) => e.endpoint).join(", ")}).`
+        : `No rule of the table matches, and ${st.info.nameString} has no endpoints, so the agent has no listener ` +
+          `on ${ctx.dst}:${ctx.port}: the connection is refused.`,
+      names: [],
+    });
+    return {
+      ...none,
+      steps,
+      verdict: eps.length > 0
+        ? {
+          kind: "untouched",
+          reason: "no rule matches; the agent's own localhost NodePort listener serves it",
+        }
+        : { kind: "untouched", reason: "no rule matches and nothing listens" },
+      notes: [],
+    };
+  }
   const why = nodePortHere && isNodeAddress(ctx, ctx.dst) && !acceptsNodePort(ctx.dst)
     ? `${ctx.dst} does not accept NodePorts (nodePortAddresses: ${ctx.opts.nodePortAddresses.join(",")}` +
-      `${isLoopback(ctx.dst) ? "; the nftables mode never accepts NodePorts on localhost" : ""})`
+      `${
+        isLoopback(ctx.dst)
+          ? "; the nftables mode accepts no NodePort on localhost without the gate " +
+            "KubeProxyNFTablesLocalhostNodePorts"
+          : ""
+      })`
     : `${ctx.dst}:${ctx.port} is not a Service address this node knows`;
   steps.push({
     text: `${

@@ -475,3 +475,38 @@ Deno.test("explain: the packet flags are checked, and where the packet enters is
   const out = await explain("iptables", CLIENT, cip("clusterip"), null as unknown as PacketOrigin);
   assert.match(out.origin, /^from outside node1/);
 });
+
+Deno.test("explain (nftables): a NodePort on localhost with KubeProxyNFTablesLocalhostNodePorts is rejected and counted, or taken by the agent's listener", async () => {
+  const port = np("nodeport").split(":")[1];
+  const run = (...flags: string[]) =>
+    runCli([
+      "explain",
+      "-f",
+      "-",
+      ...CORPUS_FLAGS,
+      "--proxy-mode=nftables",
+      "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
+      ...flags,
+      "--source",
+      "127.0.0.1",
+      "--destination",
+      `127.0.0.1:${port}`,
+    ], corpusYaml());
+  const rejected = await run();
+  assert.equal(rejected.code, 0, rejected.stderr);
+  assert.match(
+    rejected.stdout,
+    new RegExp(
+      `filter-input -> nodeport-endpoints-check: @localhost-nodeport-reject-ports maps tcp \\. ${port} to goto\\s+` +
+        "localhost-nodeport-reject-tcp, which counts it",
+    ),
+  );
+  assert.match(rejected.stdout, /Verdict: +rejected: a NodePort on localhost, not served/);
+  const served = await run(`--nodeport-addresses=127.0.0.0/8,${NODE_IP}/32`);
+  assert.equal(served.code, 0, served.stderr);
+  assert.match(served.stdout, /the agent's own listener on 127\.0\.0\.1:\d+/);
+  assert.match(
+    served.stdout,
+    /Verdict: +not handled by kube-proxy: no rule matches; the agent's own localhost NodePort listener serves it/,
+  );
+});
