@@ -33,6 +33,24 @@ export function iptablesTools(backend: IptablesBackend, family: IPFamily): Iptab
   };
 }
 
+/**
+ * Whether iptables works for `family` on this host (`iptables -t nat -S POSTROUTING`, as upstream's
+ * `Present()`): null, or the reason it does not.
+ */
+export async function iptablesFamilyWorks(
+  runner: CommandRunner,
+  backend: IptablesBackend,
+  family: IPFamily,
+): Promise<string | null> {
+  const cmd = iptablesTools(backend, family).iptables;
+  try {
+    const r = await runner.tryRun({ cmd, args: ["-w", "5", "-t", "nat", "-S", "POSTROUTING"] });
+    return r.code === 0 ? null : r.stderr.trim() || `${cmd} exited ${r.code}`;
+  } catch (err) {
+    return `${cmd}: ${(err as Error).message}`;
+  }
+}
+
 /** The outcome of {@linkcode detectIptablesBackend}. */
 export interface BackendDetection {
   readonly backend: "legacy" | "nft";
