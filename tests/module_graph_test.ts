@@ -1,51 +1,10 @@
 /**
  * What the shipped program loads, read from Deno's own module graph of main.ts (`deno info --json`): no test
  * code (fakes, test helpers, testkit) in it, and only the npm packages the program uses at run time.
- * `import type` edges are not followed: they are erased at run time.
  */
 import assert from "node:assert/strict";
 import { PROJECT_ROOT } from "../testkit/agent_command.ts";
-
-interface ModuleInfo {
-  readonly specifier: string;
-  readonly dependencies?: readonly { code?: { specifier: string }; isDynamic?: boolean }[];
-}
-
-interface GraphInfo {
-  readonly roots: readonly string[];
-  readonly modules: readonly ModuleInfo[];
-  readonly redirects: Readonly<Record<string, string>>;
-}
-
-const info: GraphInfo = await (async () => {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["info", "--json", "main.ts"],
-    cwd: PROJECT_ROOT,
-  })
-    .output();
-  assert.ok(out.success, new TextDecoder().decode(out.stderr));
-  return JSON.parse(new TextDecoder().decode(out.stdout));
-})();
-
-/**
- * The modules reachable from main.ts through run-time imports: static ones only (what the agent loads at
- * start), or with dynamic ones too (what any subcommand may load: render, explain).
- */
-function reachable(withDynamic: boolean): string[] {
-  const bySpec = new Map(info.modules.map((m) => [m.specifier, m]));
-  const seen = new Set<string>();
-  const todo = [...info.roots];
-  while (todo.length > 0) {
-    const s = todo.pop()!;
-    const spec = info.redirects[s] ?? s;
-    if (seen.has(spec)) continue;
-    seen.add(spec);
-    for (const d of bySpec.get(spec)?.dependencies ?? []) {
-      if ((withDynamic || !d.isDynamic) && d.code?.specifier) todo.push(d.code.specifier);
-    }
-  }
-  return [...seen];
-}
+import { mainModules } from "../testkit/module_graph.ts";
 
 /** Project files as paths from the checkout's root. */
 function projectFiles(specs: readonly string[]): string[] {
@@ -75,8 +34,8 @@ Deno.test("module graph: the test-code pattern recognises fakes, test helpers an
   }
 });
 
-Deno.test("module graph: the agent's start path holds no test code and only prom-client and yaml from npm", () => {
-  const statics = reachable(false);
+Deno.test("module graph: the agent's start path holds no test code and only prom-client and yaml from npm", async () => {
+  const statics = await mainModules(false);
   const files = projectFiles(statics);
   assert.ok(files.includes("lib/agent.ts"));
   assert.deepEqual(files.filter(isTestCode), []);
@@ -87,8 +46,8 @@ Deno.test("module graph: the agent's start path holds no test code and only prom
   );
 });
 
-Deno.test("module graph: nothing main.ts can load, render and explain included, is test code or client-node", () => {
-  const all = reachable(true);
+Deno.test("module graph: nothing main.ts can load, render and explain included, is test code or client-node", async () => {
+  const all = await mainModules(true);
   const files = projectFiles(all);
   assert.ok(files.includes("lib/cli/run.ts") && files.includes("lib/cli/schema.ts"));
   // lib/dataplane/nftables/fake.ts (FakeNftables) is exported by nftables/mod.ts, which nothing in the program

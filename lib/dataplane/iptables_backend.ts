@@ -7,6 +7,7 @@
 import type { CommandRunner } from "../exec.ts";
 import type { IPFamily } from "../proxy/types.ts";
 import { log } from "../log.ts";
+import { type ModeContext, ModeUnavailableError, probeFamilyPair, type ProxyModeName } from "./mode.ts";
 
 /** `legacy` / `nft` select `iptables-legacy*` / `iptables-nft*`; `system` uses plain `iptables*`. */
 export type IptablesBackend = "legacy" | "nft" | "system";
@@ -49,6 +50,28 @@ export async function iptablesFamilyWorks(
   } catch (err) {
     return `${cmd}: ${(err as Error).message}`;
   }
+}
+
+/**
+ * The families an iptables-based mode serves ({@linkcode probeFamilyPair} with {@linkcode iptablesFamilyWorks}):
+ * the primary failing makes `mode` unavailable, with `advice` (what to do) after the reason.
+ */
+export function probeIptablesFamilies(
+  ctx: ModeContext,
+  backend: IptablesBackend,
+  mode: ProxyModeName,
+  advice: string,
+): Promise<IPFamily[]> {
+  return probeFamilyPair(
+    ctx,
+    "iptables",
+    (family) => iptablesFamilyWorks(ctx.runner, backend, family),
+    (err) =>
+      new ModeUnavailableError(
+        mode,
+        `iptables is not available on this host for ${ctx.primaryFamily}: ${err} (${advice})`,
+      ),
+  );
 }
 
 /** The outcome of {@linkcode detectIptablesBackend}. */

@@ -7,17 +7,10 @@
 import type { CommandRunner } from "../../exec.ts";
 import type { Logger } from "../../log.ts";
 import type { Dataplane, IPFamily } from "../../proxy/types.ts";
-import { detectIptablesBackend, type IptablesBackend, iptablesFamilyWorks } from "../iptables_backend.ts";
+import { detectIptablesBackend, type IptablesBackend, probeIptablesFamilies } from "../iptables_backend.ts";
 import { KUBELET_CHAINS, removeIptablesLeftovers } from "../iptables_leftovers.ts";
 import { configuredLocalTraffic } from "../local_traffic.ts";
-import {
-  type CleanupReport,
-  type DataplaneMode,
-  type ModeContext,
-  ModeUnavailableError,
-  probeFamilyPair,
-  type ProxyModeName,
-} from "../mode.ts";
+import type { CleanupReport, DataplaneMode, ModeContext, ProxyModeName } from "../mode.ts";
 import { IptablesDataplane } from "./dataplane.ts";
 import { iptablesLocalMatch } from "./local_detector.ts";
 import { NfacctCounters } from "./nfacct.ts";
@@ -49,16 +42,11 @@ export function newIptablesMode(): DataplaneMode {
     },
 
     probeFamilies(ctx: ModeContext): Promise<IPFamily[]> {
-      return probeFamilyPair(
+      return probeIptablesFamilies(
         ctx,
+        backend,
         "iptables",
-        (family) => iptablesFamilyWorks(ctx.runner, backend, family),
-        (err) =>
-          new ModeUnavailableError(
-            "iptables",
-            `iptables is not available on this host for ${ctx.primaryFamily}: ${err}` +
-              ` (install iptables, or choose --proxy-mode=nftables)`,
-          ),
+        "install iptables, or choose --proxy-mode=nftables",
       );
     },
 

@@ -13,8 +13,8 @@ import { ensureSysctl } from "../../sysctl.ts";
 import {
   detectIptablesBackend,
   type IptablesBackend,
-  iptablesFamilyWorks,
   iptablesTools,
+  probeIptablesFamilies,
 } from "../iptables_backend.ts";
 import { removeIptablesLeftovers } from "../iptables_leftovers.ts";
 import { iptablesLocalMatch } from "../iptables_local_detector.ts";
@@ -24,7 +24,6 @@ import {
   type DataplaneMode,
   type ModeContext,
   ModeUnavailableError,
-  probeFamilyPair,
   type ProxyModeName,
 } from "../mode.ts";
 import { DUMMY_INTERFACE } from "./addresses.ts";
@@ -191,16 +190,7 @@ export function newIpvsMode(modeOpts: IpvsModeOptions = {}): DataplaneMode {
     },
 
     probeFamilies(ctx: ModeContext): Promise<IPFamily[]> {
-      return probeFamilyPair(
-        ctx,
-        "iptables",
-        (family) => iptablesFamilyWorks(ctx.runner, backend, family),
-        (err) =>
-          new ModeUnavailableError(
-            "ipvs",
-            `iptables is not available on this host for ${ctx.primaryFamily}: ${err} (the ipvs mode needs iptables)`,
-          ),
-      );
+      return probeIptablesFamilies(ctx, backend, "ipvs", "the ipvs mode needs iptables");
     },
 
     async createDataplanes(
