@@ -289,12 +289,17 @@ const MODE_METRICS: Record<string, client.Metric[]> = {
   ],
 };
 
+/** The metrics registerMetrics has put on /metrics (some are shared by modes, and each is registered once). */
+const servedMetrics = new Set<client.Metric>();
+
 /**
  * Serves the core metrics and those of `mode` on /metrics, as upstream registers them: an operator sees the
  * metrics of the mode that runs, not zeros of the others. Registering again is a no-op.
  */
 export function registerMetrics(mode: string): void {
   for (const m of [...CORE_METRICS, ...(MODE_METRICS[mode] ?? [])]) {
-    if (!registry.getSingleMetric((m as unknown as { name: string }).name)) registry.registerMetric(m);
+    if (servedMetrics.has(m)) continue;
+    servedMetrics.add(m);
+    registry.registerMetric(m);
   }
 }

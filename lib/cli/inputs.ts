@@ -61,6 +61,9 @@ const KINDS: Readonly<Record<string, KindInfo>> = {
 /** The kinds render and explain read. */
 export const INPUT_KINDS: readonly string[] = Object.keys(KINDS);
 
+/** The API types (model names of lib/cli/api_schema.json) the input kinds are checked against. */
+export const INPUT_MODELS: readonly string[] = Object.values(KINDS).flatMap((k) => Object.values(k.model));
+
 /** `Service demo/web`, `Node node1`. */
 export function objectName(kind: string, obj: { metadata?: { namespace?: string; name?: string } }): string {
   const ns = obj.metadata?.namespace;

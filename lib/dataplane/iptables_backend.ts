@@ -7,6 +7,7 @@
 import type { CommandRunner } from "../exec.ts";
 import type { IPFamily } from "../proxy/types.ts";
 import { log } from "../log.ts";
+import { type ModeContext, ModeUnavailableError, probeFamilyPair, type ProxyModeName } from "./mode.ts";
 
 /** `legacy` / `nft` select `iptables-legacy*` / `iptables-nft*`; `system` uses plain `iptables*`. */
 export type IptablesBackend = "legacy" | "nft" | "system";
@@ -31,6 +32,46 @@ export function iptablesTools(backend: IptablesBackend, family: IPFamily): Iptab
     save: `${base}${mid}-save`,
     restore: `${base}${mid}-restore`,
   };
+}
+
+/**
+ * Whether iptables works for `family` on this host (`iptables -t nat -S POSTROUTING`, as upstream's
+ * `Present()`): null, or the reason it does not.
+ */
+export async function iptablesFamilyWorks(
+  runner: CommandRunner,
+  backend: IptablesBackend,
+  family: IPFamily,
+): Promise<string | null> {
+  const cmd = iptablesTools(backend, family).iptables;
+  try {
+    const r = await runner.tryRun({ cmd, args: ["-w", "5", "-t", "nat", "-S", "POSTROUTING"] });
+    return r.code === 0 ? null : r.stderr.trim() || `${cmd} exited ${r.code}`;
+  } catch (err) {
+    return `${cmd}: ${(err as Error).message}`;
+  }
+}
+
+/**
+ * The families an iptables-based mode serves ({@linkcode probeFamilyPair} with {@linkcode iptablesFamilyWorks}):
+ * the primary failing makes `mode` unavailable, with `advice` (what to do) after the reason.
+ */
+export function probeIptablesFamilies(
+  ctx: ModeContext,
+  backend: IptablesBackend,
+  mode: ProxyModeName,
+  advice: string,
+): Promise<IPFamily[]> {
+  return probeFamilyPair(
+    ctx,
+    "iptables",
+    (family) => iptablesFamilyWorks(ctx.runner, backend, family),
+    (err) =>
+      new ModeUnavailableError(
+        mode,
+        `iptables is not available on this host for ${ctx.primaryFamily}: ${err} (${advice})`,
+      ),
+  );
 }
 
 /** The outcome of {@linkcode detectIptablesBackend}. */

@@ -72,3 +72,24 @@ export interface DataplaneMode {
    */
   cleanup(runner: CommandRunner, next: ProxyModeName | null, logger: Logger): Promise<CleanupReport>;
 }
+
+/**
+ * The families a mode serves, as every mode probes them: the primary must work (else `unavailable(error)` is
+ * thrown), the other family is added when it works too and logged as unsupported (`No <tool> support for
+ * family`) when not. `works` resolves with null, or the reason the family cannot be used.
+ */
+export async function probeFamilyPair(
+  ctx: ModeContext,
+  tool: string,
+  works: (family: IPFamily) => Promise<string | null>,
+  unavailable: (error: string) => ModeUnavailableError,
+): Promise<IPFamily[]> {
+  const primary = ctx.primaryFamily;
+  const secondary: IPFamily = primary === "IPv4" ? "IPv6" : "IPv4";
+  const primaryErr = await works(primary);
+  if (primaryErr !== null) throw unavailable(primaryErr);
+  const err = await works(secondary);
+  if (err === null) return [primary, secondary];
+  ctx.logger.info(`No ${tool} support for family`, { ipFamily: secondary, error: err });
+  return [primary];
+}

@@ -1,8 +1,10 @@
 /** Reading and checking manifests for render and explain: formats, positions, schema, the agent's filters. */
 import assert from "node:assert/strict";
-import { checkObjects, formatProblem } from "../../lib/cli/inputs.ts";
+import { checkObjects, formatProblem, INPUT_MODELS } from "../../lib/cli/inputs.ts";
 import { parseManifestText, readManifests } from "../../lib/cli/manifests.ts";
-import { checkType, formatPath, parseFieldPath } from "../../lib/cli/schema.ts";
+import { checkType, formatPath, hasModel, parseFieldPath } from "../../lib/cli/schema.ts";
+import checkedInSchema from "../../lib/cli/api_schema.json" with { type: "json" };
+import { generateApiSchema, ROOT_MODELS } from "../../scripts/gen_api_schema.ts";
 import { parseAllDocuments } from "yaml";
 import { corpusYaml } from "./helpers.ts";
 
@@ -72,6 +74,16 @@ Deno.test("manifests: directories are read recursively in name order, stdin once
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("schema: the checked-in api_schema.json is what scripts/gen_api_schema.ts makes from client-node's models", () => {
+  assert.deepEqual(checkedInSchema, generateApiSchema());
+  // Every model an input kind names is a root of the schema, so none is checked against nothing.
+  assert.equal(INPUT_MODELS.length, 5);
+  for (const m of INPUT_MODELS) {
+    assert.ok(ROOT_MODELS.includes(m) && hasModel(m), m);
+  }
+  assert.ok(hasModel("V1ObjectMeta") && hasModel("V1ServicePort") && !hasModel("V1Pod"));
 });
 
 Deno.test("schema: unknown fields and wrong types are found with their paths (client-node's API types)", () => {

@@ -2,7 +2,8 @@
 import assert from "node:assert/strict";
 import { parseRenderOutput } from "../../lib/cli/render_output.ts";
 import { configureLogging } from "../../lib/log.ts";
-import { agentCommand, PROJECT_ROOT } from "../../testkit/agent_command.ts";
+import { agentCommand } from "../../testkit/agent_command.ts";
+import { mainModules } from "../../testkit/module_graph.ts";
 import { CORPUS_FLAGS, corpusYaml, NODE, NODE_IP, runCli, SHAPES } from "./helpers.ts";
 
 configureLogging({ sink: () => {} });
@@ -188,33 +189,7 @@ Deno.test("render: takes the agent's flags and config, its own -f, and refuses w
 });
 
 Deno.test("render: the agent's start path imports neither lib/cli (beyond the dispatch) nor client-node", async () => {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["info", "--json", "main.ts"],
-    cwd: PROJECT_ROOT,
-  })
-    .output();
-  assert.ok(out.success, new TextDecoder().decode(out.stderr));
-  const info = JSON.parse(new TextDecoder().decode(out.stdout)) as {
-    roots: string[];
-    modules: {
-      specifier: string;
-      dependencies?: { specifier: string; code?: { specifier: string }; isDynamic?: boolean }[];
-    }[];
-    redirects: Record<string, string>;
-  };
-  const bySpec = new Map(info.modules.map((m) => [m.specifier, m]));
-  const seen = new Set<string>();
-  const todo = [...info.roots];
-  while (todo.length > 0) {
-    const s = todo.pop()!;
-    const spec = info.redirects[s] ?? s;
-    if (seen.has(spec)) continue;
-    seen.add(spec);
-    for (const d of bySpec.get(spec)?.dependencies ?? []) {
-      if (!d.isDynamic && d.code?.specifier) todo.push(d.code.specifier);
-    }
-  }
-  const statics = [...seen];
+  const statics = await mainModules(false);
   assert.ok(statics.some((s) => s.endsWith("/lib/agent.ts")));
   assert.deepEqual(
     statics.filter((s) => s.includes("/lib/cli/")).map((s) => s.replace(/^.*\/lib\//, "lib/")),

@@ -7,16 +7,10 @@
 import type { CommandRunner } from "../../exec.ts";
 import type { Logger } from "../../log.ts";
 import type { Dataplane, IPFamily } from "../../proxy/types.ts";
-import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "../iptables_backend.ts";
+import { detectIptablesBackend, type IptablesBackend, probeIptablesFamilies } from "../iptables_backend.ts";
 import { KUBELET_CHAINS, removeIptablesLeftovers } from "../iptables_leftovers.ts";
 import { configuredLocalTraffic } from "../local_traffic.ts";
-import {
-  type CleanupReport,
-  type DataplaneMode,
-  type ModeContext,
-  ModeUnavailableError,
-  type ProxyModeName,
-} from "../mode.ts";
+import type { CleanupReport, DataplaneMode, ModeContext, ProxyModeName } from "../mode.ts";
 import { IptablesDataplane } from "./dataplane.ts";
 import { iptablesLocalMatch } from "./local_detector.ts";
 import { NfacctCounters } from "./nfacct.ts";
@@ -36,16 +30,6 @@ export function isKubeProxyChain(chain: string): boolean {
   return chain.startsWith("KUBE-") && !KUBELET_CHAINS.has(chain);
 }
 
-async function familyWorks(runner: CommandRunner, backend: IptablesBackend, family: IPFamily) {
-  const cmd = iptablesTools(backend, family).iptables;
-  try {
-    const r = await runner.tryRun({ cmd, args: ["-w", "5", "-t", "nat", "-S", "POSTROUTING"] });
-    return r.code === 0 ? null : r.stderr.trim() || `${cmd} exited ${r.code}`;
-  } catch (err) {
-    return `${cmd}: ${(err as Error).message}`;
-  }
-}
-
 /** A fresh iptables mode. */
 export function newIptablesMode(): DataplaneMode {
   let backend: IptablesBackend = "system";
@@ -57,21 +41,13 @@ export function newIptablesMode(): DataplaneMode {
       backend = (await detectIptablesBackend(ctx.runner)).backend; // logs its choice and why
     },
 
-    async probeFamilies(ctx: ModeContext): Promise<IPFamily[]> {
-      const primary = ctx.primaryFamily;
-      const secondary: IPFamily = primary === "IPv4" ? "IPv6" : "IPv4";
-      const primaryErr = await familyWorks(ctx.runner, backend, primary);
-      if (primaryErr !== null) {
-        throw new ModeUnavailableError(
-          "iptables",
-          `iptables is not available on this host for ${primary}: ${primaryErr}` +
-            ` (install iptables, or choose --proxy-mode=nftables)`,
-        );
-      }
-      const err = await familyWorks(ctx.runner, backend, secondary);
-      if (err === null) return [primary, secondary];
-      ctx.logger.info("No iptables support for family", { ipFamily: secondary, error: err });
-      return [primary];
+    probeFamilies(ctx: ModeContext): Promise<IPFamily[]> {
+      return probeIptablesFamilies(
+        ctx,
+        backend,
+        "iptables",
+        "install iptables, or choose --proxy-mode=nftables",
+      );
     },
 
     createDataplanes(ctx: ModeContext, families: readonly IPFamily[]): Promise<Map<IPFamily, Dataplane>> {

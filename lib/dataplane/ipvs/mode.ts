@@ -10,7 +10,12 @@ import type { CommandRunner } from "../../exec.ts";
 import type { Logger } from "../../log.ts";
 import type { Dataplane, IPFamily } from "../../proxy/types.ts";
 import { ensureSysctl } from "../../sysctl.ts";
-import { detectIptablesBackend, type IptablesBackend, iptablesTools } from "../iptables_backend.ts";
+import {
+  detectIptablesBackend,
+  type IptablesBackend,
+  iptablesTools,
+  probeIptablesFamilies,
+} from "../iptables_backend.ts";
 import { removeIptablesLeftovers } from "../iptables_leftovers.ts";
 import { iptablesLocalMatch } from "../iptables_local_detector.ts";
 import { configuredLocalTraffic } from "../local_traffic.ts";
@@ -81,16 +86,6 @@ async function tryRun(runner: CommandRunner, cmd: string, args: string[]) {
     return await runner.tryRun({ cmd, args, timeoutMs: 120_000 });
   } catch {
     return { code: 127, stdout: "", stderr: `${cmd}: not found` };
-  }
-}
-
-async function familyWorks(runner: CommandRunner, backend: IptablesBackend, family: IPFamily) {
-  const cmd = iptablesTools(backend, family).iptables;
-  try {
-    const r = await runner.tryRun({ cmd, args: ["-w", "5", "-t", "nat", "-S", "POSTROUTING"] });
-    return r.code === 0 ? null : r.stderr.trim() || `${cmd} exited ${r.code}`;
-  } catch (err) {
-    return `${cmd}: ${(err as Error).message}`;
   }
 }
 
@@ -194,20 +189,8 @@ export function newIpvsMode(modeOpts: IpvsModeOptions = {}): DataplaneMode {
       backend = (await detectIptablesBackend(ctx.runner)).backend;
     },
 
-    async probeFamilies(ctx: ModeContext): Promise<IPFamily[]> {
-      const primary = ctx.primaryFamily;
-      const secondary: IPFamily = primary === "IPv4" ? "IPv6" : "IPv4";
-      const primaryErr = await familyWorks(ctx.runner, backend, primary);
-      if (primaryErr !== null) {
-        throw new ModeUnavailableError(
-          "ipvs",
-          `iptables is not available on this host for ${primary}: ${primaryErr} (the ipvs mode needs iptables)`,
-        );
-      }
-      const err = await familyWorks(ctx.runner, backend, secondary);
-      if (err === null) return [primary, secondary];
-      ctx.logger.info("No iptables support for family", { ipFamily: secondary, error: err });
-      return [primary];
+    probeFamilies(ctx: ModeContext): Promise<IPFamily[]> {
+      return probeIptablesFamilies(ctx, backend, "ipvs", "the ipvs mode needs iptables");
     },
 
     async createDataplanes(
