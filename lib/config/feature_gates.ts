@@ -26,6 +26,9 @@ export const KNOWN_FEATURES: Record<string, FeatureSpec> = {
   PreferSameTrafficDistribution: { default: true, preRelease: "BETA" },
   ServiceTrafficDistribution: { default: true, preRelease: "GA" },
   TopologyAwareHints: { default: true, preRelease: "GA" },
+  // client-go's gate (upstream default true since v1.35). Here off by default: per agent start, LIST + gzip
+  // measured cheaper for the API server than watch-list (docs/benchmarks.md, "API server cost of every agent").
+  WatchListClient: { default: false, preRelease: "BETA" },
 };
 
 /** featuregate's KnownFeatures(): `Name=true|false (BETA - default=true)`, sorted, GA and deprecated left out. */
