@@ -456,6 +456,22 @@ async function runWith(
         metricSum(m1, "apiserver_watch_events_total");
       r.loadAvg = (await Deno.readTextFile("/proc/loadavg")).split(" ").slice(0, 3).join(" ");
       for (const p of procs) p.kill("SIGTERM");
+      // Agents get 15 s to exit after SIGTERM; one that does not is killed and reported.
+      const exited = await Promise.all(
+        procs.map((p) =>
+          Promise.race([
+            p.status.then(() => true),
+            new Promise<boolean>((res) => setTimeout(() => res(false), 15_000)),
+          ])
+        ),
+      );
+      exited.forEach((ok, i) => {
+        if (ok) return;
+        r.errors.push(`${kind}-${i}: did not exit within 15 s of SIGTERM`);
+        try {
+          procs[i].kill("SIGKILL");
+        } catch { /* gone */ }
+      });
       await Promise.all(procs.map((p) => p.status));
       // Let the audit backend flush the watches' ResponseComplete events.
       await new Promise((res) => setTimeout(res, 2000));
