@@ -21,7 +21,8 @@
  * - API server (from /proc of the kube-apiserver process): CPU seconds and peak RSS growth over the start
  *   (VmHWM reset through clear_refs before the start), CPU seconds over the churn; from its /metrics: the
  *   latency of LIST and GET requests, the requests by verb, watch events sent.
- * Must run as root; everything lives in `dkp-<pid>-...` namespaces, deleted afterwards.
+ * `DKP_AC_V` sets the agents' `--v` (default 1). Must run as root; everything lives in `dkp-<pid>-...` namespaces,
+ * deleted afterwards.
  * @module
  */
 import { parseArgs } from "node:util";
@@ -225,7 +226,7 @@ function agentArgs(kind: AgentKind, kubeconfig: string, node: string): string[] 
     `--kubeconfig=${kubeconfig}`,
     `--hostname-override=${node}`,
     "--proxy-mode=iptables",
-    "--v=1",
+    `--v=${Deno.env.get("DKP_AC_V") ?? "1"}`,
     "--conntrack-max-per-core=0",
     "--metrics-bind-address=127.0.0.1:10249",
     "--iptables-min-sync-period=1s",

@@ -272,9 +272,15 @@ export class Reflector<T extends KubeObject> {
   /** Lists and watches until `signal` aborts. Never throws for API or network errors. */
   async run(signal: AbortSignal): Promise<void> {
     this.log.v(3).info("Starting reflector", { resyncPeriod: this.opts.resyncMs ?? 0 });
+    // Ends when `signal` aborts even if a stream's read does not settle on the abort (seen with watch-list
+    // streams of a few thousand objects on kube-apiserver v1.37: the agent did not exit on SIGTERM).
+    const aborted = new Promise<void>((resolve) => {
+      if (signal.aborted) resolve();
+      else signal.addEventListener("abort", () => resolve(), { once: true });
+    });
     while (!signal.aborted) {
       try {
-        await this.listAndWatch(signal);
+        await Promise.race([this.listAndWatch(signal), aborted]);
       } catch (e) {
         if (signal.aborted) break;
         this.counts.errors++;
