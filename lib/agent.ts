@@ -144,6 +144,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   };
 
   const resyncMs = cfg.configSyncPeriod;
+  // client-go's WatchListClient: the informers' initial state by watch-list streams instead of LISTs.
+  const useWatchList = opts.featureGates["WatchListClient"] === true;
   const nodeName = opts.hostname;
   const events = new EventRecorder(client, { hostname: nodeName });
 
@@ -153,7 +155,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     watchPodCIDRs: opts.detectLocalMode === "NodeCIDR",
     exit: (code) => fatal(code),
   });
-  const nodeInformer: Informer<Node> = newNodeInformer(client, nodeName, { resyncMs });
+  const nodeInformer: Informer<Node> = newNodeInformer(client, nodeName, { resyncMs, useWatchList });
   nodeInformer.addEventHandler({
     onAdd: (n) => nodeManager.onNodeAdd(n),
     onUpdate: (o, n) => nodeManager.onNodeUpdate(o, n),
@@ -339,14 +341,22 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   });
 
   // The proxier keeps its own model of Services and EndpointSlices; the informer caches keep only identities.
-  const services = newServiceInformer(client, { resyncMs, cacheTransform: keepServiceIdentity });
+  const services = newServiceInformer(client, {
+    resyncMs,
+    useWatchList,
+    cacheTransform: keepServiceIdentity,
+  });
   services.addEventHandler({
     onAdd: (s) => proxier.onServiceAdd(s),
     onUpdate: (o, s) => proxier.onServiceUpdate(o, s),
     onDelete: (s) => proxier.onServiceDelete(s),
   });
   services.onSynced(() => proxier.onServicesSynced());
-  const slices = newEndpointSliceInformer(client, { resyncMs, cacheTransform: keepEndpointSliceIdentity });
+  const slices = newEndpointSliceInformer(client, {
+    resyncMs,
+    useWatchList,
+    cacheTransform: keepEndpointSliceIdentity,
+  });
   slices.addEventHandler({
     onAdd: (s) => proxier.onEndpointSliceAdd(s),
     onUpdate: (o, s) => proxier.onEndpointSliceUpdate(o, s),
@@ -354,7 +364,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   });
   slices.onSynced(() => proxier.onEndpointSlicesSynced());
   // Upstream watches ServiceCIDRs since MultiCIDRServiceAllocator went GA; every CIDR of every object counts.
-  const serviceCIDRs = newServiceCIDRInformer(client, { resyncMs });
+  const serviceCIDRs = newServiceCIDRInformer(client, { resyncMs, useWatchList });
   const pushCIDRs = () =>
     proxier.onServiceCIDRsChanged(serviceCIDRs.list().flatMap((c) => c.spec?.cidrs ?? []));
   serviceCIDRs.addEventHandler({ onAdd: pushCIDRs, onUpdate: pushCIDRs, onDelete: pushCIDRs });

@@ -87,6 +87,11 @@ export interface SimulatorOptions {
    * there) does; clients then get the initial list in one request. Default false: every list is paginated.
    */
   watchCache?: boolean;
+  /**
+   * Serve watch-list (`sendInitialEvents=true`), as kube-apiserver with its WatchList gate (default true). False:
+   * such a watch is answered 422 Invalid, as an API server with the gate off.
+   */
+  watchList?: boolean;
 }
 
 /** What kind of request a fault applies to. */
@@ -453,7 +458,7 @@ export class ApiServerSimulator {
   private bookmarkTimer?: ReturnType<typeof setInterval>;
   private uidSeq = 0;
   private readonly opts:
-    & Required<Omit<SimulatorOptions, "tls" | "clientCA" | "token" | "port" | "watchCache">>
+    & Required<Omit<SimulatorOptions, "tls" | "clientCA" | "token" | "port" | "watchCache" | "watchList">>
     & SimulatorOptions;
 
   private constructor(opts: SimulatorOptions) {
@@ -872,6 +877,12 @@ export class ApiServerSimulator {
     // Watch-list (client-go's WatchListClient, on by default since v1.35): the current state as ADDED events,
     // then a bookmark annotated initial-events-end, then live events. kube-apiserver validates the options so.
     const sendInitialEvents = q.get("sendInitialEvents") === "true";
+    if (sendInitialEvents && this.opts.watchList === false) {
+      throw new HttpError(
+        422,
+        "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+      );
+    }
     if (sendInitialEvents) {
       if (q.get("resourceVersionMatch") !== "NotOlderThan") {
         throw new HttpError(422, "resourceVersionMatch: must be NotOlderThan when sendInitialEvents is true");

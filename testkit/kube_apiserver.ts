@@ -189,6 +189,8 @@ export interface KubeApiServerOptions {
   tokenUsers?: string[];
   /** How long to wait for /readyz. Default 60 s. */
   readyTimeoutMs?: number;
+  /** More kube-apiserver flags, appended (e.g. an audit log: `--audit-log-path`, `--audit-policy-file`). */
+  extraArgs?: string[];
 }
 
 /** Options of {@linkcode KubeApiServer.writeKubeconfig}. */
@@ -299,6 +301,7 @@ export class KubeApiServer {
       "--allow-privileged=true",
       `--token-auth-file=${dir}/tokens.csv`,
       "--profiling=false",
+      ...(opts.extraArgs ?? []),
     ];
     const server = new KubeApiServer(
       netns,

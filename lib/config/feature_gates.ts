@@ -20,12 +20,29 @@ export interface FeatureSpec {
   lockToDefault?: boolean;
 }
 
-/** Every gate upstream's binary knows, by name. */
-export const KNOWN_FEATURES: Readonly<Record<string, FeatureSpec>> = UPSTREAM_FEATURE_GATES;
+/**
+ * Gates whose default here differs from upstream's, and why (docs/operations.md lists them too).
+ * `WatchListClient` (client-go's; upstream's default is true): per agent start, LIST + gzip measured cheaper for
+ * the API server than watch-list, whose stream Deno's fetch can only take uncompressed (docs/benchmarks.md, "API
+ * server cost of every agent"), so watch-list is opt-in: `--feature-gates=WatchListClient=true`.
+ */
+export const DEFAULTS_DIFFERING_FROM_UPSTREAM: Readonly<Record<string, boolean>> = { WatchListClient: false };
 
-/** featuregate's KnownFeatures(): the `--feature-gates` usage lines, as upstream's binary prints them. */
+/** Every gate upstream's binary knows, by name, with this agent's defaults. */
+export const KNOWN_FEATURES: Readonly<Record<string, FeatureSpec>> = Object.fromEntries(
+  Object.entries(UPSTREAM_FEATURE_GATES).map(([name, spec]) => {
+    const own = DEFAULTS_DIFFERING_FROM_UPSTREAM[name];
+    return [name, own === undefined ? spec : { ...spec, default: own }];
+  }),
+);
+
+/** featuregate's KnownFeatures(): the `--feature-gates` usage lines as upstream's binary prints them, with this agent's defaults. */
 export function knownFeatures(): string[] {
-  return [...UPSTREAM_KNOWN_FEATURES];
+  return UPSTREAM_KNOWN_FEATURES.map((line) => {
+    const name = line.slice(0, line.indexOf("="));
+    const own = DEFAULTS_DIFFERING_FROM_UPSTREAM[name];
+    return own === undefined ? line : line.replace(/default=(true|false)\)$/, `default=${own})`);
+  });
 }
 
 /** The effective value of every known gate after applying `overrides` (AllAlpha/AllBeta as upstream). */

@@ -99,6 +99,8 @@ export interface WatchOptions {
   inactivityMs?: number;
   /** Called once the server has accepted the watch (status < 400), before the first event. */
   onOpen?: () => void;
+  /** Extra request headers (the reflector's watch-list asks for `Accept-Encoding: identity`). */
+  headers?: Record<string, string>;
 }
 
 type Fetcher = (url: string, init: RequestInit & { signal?: AbortSignal }) => Promise<Response>;
@@ -263,6 +265,7 @@ export class KubeClient {
     body: string | undefined,
     contentType: string | undefined,
     signal: AbortSignal | undefined,
+    extraHeaders?: Record<string, string>,
   ): Promise<Response> {
     if (this.closed) throw new Error("KubeClient is closed");
     const exec = this.config.exec;
@@ -270,7 +273,7 @@ export class KubeClient {
     const attempt = async (forceToken: boolean): Promise<Response> => {
       const t = this.transportFor(creds?.certPem ?? this.config.certPem, creds?.keyPem ?? this.config.keyPem);
       const headers = await this.headers(
-        contentType ? { "Content-Type": contentType } : undefined,
+        contentType ? { "Content-Type": contentType, ...extraHeaders } : extraHeaders,
         forceToken,
         creds,
       );
@@ -485,6 +488,7 @@ export class KubeClient {
           undefined,
           undefined,
           ctl.signal,
+          opts.headers,
         );
       } catch (e) {
         if (inactive) throw new WatchInactivityError(inactivityMs);

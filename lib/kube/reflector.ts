@@ -27,11 +27,20 @@
  *   line) ends list-and-watch: backoff, then list again.
  * - While a watch runs, `resyncMs` (the informer's resync period) re-delivers the store's objects; the
  *   timer starts again with every list-and-watch, as client-go's watchWithResync.
+ * - With `useWatchList` (client-go's WatchListClient gate, v0.37's watchList), the initial state comes from a
+ *   watch-list stream instead of a list: a WATCH from the last resourceVersion (none at first: a consistent
+ *   read) with `sendInitialEvents=true`, `resourceVersionMatch=NotOlderThan`, `allowWatchBookmarks=true`,
+ *   whose ADDED events are the state, ended by a BOOKMARK annotated `k8s.io/initial-events-end: "true"`; the
+ *   store is replaced at that bookmark's resourceVersion and the same stream goes on as the watch. Before the
+ *   bookmark: a refused connection or a 429 waits a backoff step and streams again; 410 or "too large" streams
+ *   again without a resourceVersion; a stream that ends (or breaks) streams again, unless it lasted under a
+ *   second with no event; any other error (e.g. an API server that rejects the parameters) falls back to
+ *   list + watch for this round, as client-go does.
  * @module
  */
 
 import { log, type Logger } from "../log.ts";
-import type { KubeObject, Status } from "./types.ts";
+import type { KubeObject, Status, WatchEvent } from "./types.ts";
 import {
   KubeApiError,
   type KubeClient,
@@ -109,6 +118,18 @@ export interface ReflectorOptions {
   random?: () => number;
   /** Name for logs (default the path). */
   name?: string;
+  /** Initial state by watch-list streams (client-go's WatchListClient); default false: list + watch. */
+  useWatchList?: boolean;
+}
+
+/** The annotation of the bookmark that ends a watch-list stream's initial events. */
+export const INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end";
+
+/** A watch stream already open (a watch-list after its initial events), with what it has delivered. */
+interface OpenWatch<T extends KubeObject> {
+  stream: AsyncGenerator<WatchEvent<T>>;
+  start: number;
+  events: number;
 }
 
 /**
@@ -212,7 +233,7 @@ export class Reflector<T extends KubeObject> {
   /** resourceVersion of the last list, event or bookmark. */
   lastResourceVersion = "";
   /** Counters, for tests and metrics. */
-  readonly counts = { lists: 0, watches: 0, events: 0, bookmarks: 0, errors: 0, resyncs: 0 };
+  readonly counts = { lists: 0, watches: 0, watchLists: 0, events: 0, bookmarks: 0, errors: 0, resyncs: 0 };
   private readonly log: Logger;
   private readonly backoff: Backoff;
   private readonly clock: ReflectorClock;
@@ -222,6 +243,8 @@ export class Reflector<T extends KubeObject> {
   private rvUnavailable = false;
   /** The first list (resourceVersion=0) came in pages: the server ignores the watch cache, keep paging. */
   private paginatedResult = false;
+  /** A watch-list was answered "too large resource version": the next replace is a history reset. */
+  private historyResetPending = false;
 
   constructor(
     private readonly client: KubeClient,
@@ -249,9 +272,15 @@ export class Reflector<T extends KubeObject> {
   /** Lists and watches until `signal` aborts. Never throws for API or network errors. */
   async run(signal: AbortSignal): Promise<void> {
     this.log.v(3).info("Starting reflector", { resyncPeriod: this.opts.resyncMs ?? 0 });
+    // Ends when `signal` aborts even if a stream's read does not settle on the abort (seen with watch-list
+    // streams of a few thousand objects on kube-apiserver v1.37: the agent did not exit on SIGTERM).
+    const aborted = new Promise<void>((resolve) => {
+      if (signal.aborted) resolve();
+      else signal.addEventListener("abort", () => resolve(), { once: true });
+    });
     while (!signal.aborted) {
       try {
-        await this.listAndWatch(signal);
+        await Promise.race([this.listAndWatch(signal), aborted]);
       } catch (e) {
         if (signal.aborted) break;
         this.counts.errors++;
@@ -278,10 +307,25 @@ export class Reflector<T extends KubeObject> {
 
   /** One ListAndWatch: list, then watch (re-watching after clean ends) until a watch fails. */
   private async listAndWatch(signal: AbortSignal): Promise<void> {
-    try {
-      await this.list(signal);
-    } catch (e) {
-      throw new ListError(this.name, e);
+    let first: OpenWatch<T> | undefined;
+    if (this.opts.useWatchList) {
+      try {
+        first = await this.watchList(signal);
+      } catch (e) {
+        if (signal.aborted) return;
+        this.log.v(4).info(
+          "Data couldn't be fetched in watchlist mode. Falling back to regular list. This is expected if watchlist is not supported or disabled in kube-apiserver.",
+          { err: e },
+        );
+      }
+      if (signal.aborted) return;
+    }
+    if (!first) {
+      try {
+        await this.list(signal);
+      } catch (e) {
+        throw new ListError(this.name, e);
+      }
     }
     if (signal.aborted) return;
     this.log.v(2).info("Caches populated");
@@ -291,7 +335,7 @@ export class Reflector<T extends KubeObject> {
     const resyncMs = this.opts.resyncMs ?? 0;
     if (resyncMs > 0) void this.resyncLoop(resyncMs, resync.signal);
     try {
-      await this.watch(signal);
+      await this.watch(signal, first);
     } finally {
       signal.removeEventListener("abort", onAbort);
       resync.abort();
@@ -343,13 +387,15 @@ export class Reflector<T extends KubeObject> {
    * Watches until a watch fails in a way that needs a new list (returns, or throws for the error
    * handler), re-watching after streams that end cleanly.
    */
-  private async watch(signal: AbortSignal): Promise<void> {
+  private async watch(signal: AbortSignal, first?: OpenWatch<T>): Promise<void> {
     while (!signal.aborted) {
-      const start = this.clock.now();
-      let opened = false;
-      let events = 0;
+      const start = first?.start ?? this.clock.now();
+      let opened = first !== undefined;
+      let events = first?.events ?? 0;
+      const stream = first?.stream;
+      first = undefined;
       try {
-        events = await this.watchOnce(signal, () => opened = true, () => events++);
+        await this.watchOnce(signal, () => opened = true, () => events++, stream);
       } catch (e) {
         if (signal.aborted) return;
         if (!opened && isWatchRetriable(e)) {
@@ -435,24 +481,14 @@ export class Reflector<T extends KubeObject> {
    * One watch from the last resourceVersion; returns the number of events (bookmarks included) when the
    * stream ends cleanly. `onOpen` runs once the server accepted the request, `onEvent` for every event.
    */
-  private async watchOnce(signal: AbortSignal, onOpen: () => void, onEvent: () => void): Promise<number> {
-    this.counts.watches++;
-    const min = this.opts.minWatchTimeoutSeconds ?? 300;
-    const timeoutSeconds = Math.floor(min * (1 + this.random()));
-    const inactivityMs = this.opts.inactivityMs ??
-      timeoutSeconds * 1000 + (this.opts.inactivityMarginMs ?? 30_000);
+  private async watchOnce(
+    signal: AbortSignal,
+    onOpen: () => void,
+    onEvent: () => void,
+    open?: AsyncGenerator<WatchEvent<T>>,
+  ): Promise<number> {
     let n = 0;
-    const stream = this.client.watch<T>(
-      this.opts.path,
-      {
-        ...this.selectors(),
-        resourceVersion: this.lastResourceVersion,
-        allowWatchBookmarks: "true",
-        timeoutSeconds,
-      },
-      signal,
-      { inactivityMs, onOpen },
-    );
+    const stream = open ?? this.openWatch({ resourceVersion: this.lastResourceVersion }, signal, onOpen);
     for await (const ev of stream) {
       n++;
       onEvent();
@@ -489,5 +525,127 @@ export class Reflector<T extends KubeObject> {
       }
     }
     return n;
+  }
+
+  /** Opens a watch (counted) with a random timeoutSeconds in [min, 2*min) and bookmarks allowed. */
+  private openWatch(
+    query: Query,
+    signal: AbortSignal,
+    onOpen: () => void,
+    headers?: Record<string, string>,
+  ): AsyncGenerator<WatchEvent<T>> {
+    this.counts.watches++;
+    const min = this.opts.minWatchTimeoutSeconds ?? 300;
+    const timeoutSeconds = Math.floor(min * (1 + this.random()));
+    const inactivityMs = this.opts.inactivityMs ??
+      timeoutSeconds * 1000 + (this.opts.inactivityMarginMs ?? 30_000);
+    return this.client.watch<T>(
+      this.opts.path,
+      { ...this.selectors(), ...query, allowWatchBookmarks: "true", timeoutSeconds },
+      signal,
+      { inactivityMs, onOpen, headers },
+    );
+  }
+
+  /**
+   * client-go's watchList: streams the initial state until the initial-events-end bookmark, replaces the store
+   * with it, and returns the stream to go on watching with; undefined when `signal` aborted. Throws what
+   * makes client-go fall back to a list.
+   */
+  private async watchList(signal: AbortSignal): Promise<OpenWatch<T> | undefined> {
+    while (!signal.aborted) {
+      const start = this.clock.now();
+      let events = 0;
+      let opened = false;
+      this.counts.watchLists++;
+      const historyReset = this.historyResetPending;
+      // Objects go to the store as they are decoded when it takes them so; an unfinished session is dropped.
+      const session = this.store.beginReplace?.(historyReset);
+      const items: T[] = [];
+      const stream = this.openWatch(
+        {
+          resourceVersion: this.rvUnavailable ? "" : this.lastResourceVersion,
+          sendInitialEvents: "true",
+          resourceVersionMatch: "NotOlderThan",
+        },
+        signal,
+        () => opened = true,
+        // kube-apiserver v1.37 gzips a watch-list stream (WatchListCompression) as one gzip member per flush;
+        // Deno's fetch ends the body at the first member's end when the next has not arrived yet, so the
+        // stream is asked for uncompressed.
+        { "Accept-Encoding": "identity" },
+      );
+      let endRv: string | undefined;
+      try {
+        while (endRv === undefined) {
+          const r = await stream.next();
+          if (r.done) break;
+          events++;
+          const ev = r.value;
+          const obj = ev.object;
+          if (ev.type === "ADDED" || ev.type === "MODIFIED") {
+            if (!obj.metadata?.name) throw new WatchDecodeError(JSON.stringify(ev).slice(0, 300));
+            this.counts.events++;
+            if (session) session.add(obj);
+            else items.push(obj);
+          } else if (ev.type === "BOOKMARK") {
+            this.counts.bookmarks++;
+            const annotations = obj.metadata?.annotations as Record<string, string> | undefined;
+            if (annotations?.[INITIAL_EVENTS_END_ANNOTATION] === "true") {
+              endRv = obj.metadata?.resourceVersion ?? "";
+            }
+          } else if (ev.type === "ERROR") {
+            const st = obj as Status;
+            throw new KubeApiError(
+              st.code ?? 500,
+              st.reason ?? "Unknown",
+              `watch ${this.opts.path}: ${st.code ?? ""} ${st.reason ?? ""}: ${st.message ?? ""}`,
+              st,
+            );
+          } else {
+            // The initial events are ADDED only; a deletion before the bookmark cannot be applied to a
+            // state being streamed: fall back to a list.
+            throw new WatchDecodeError(JSON.stringify(ev).slice(0, 300));
+          }
+        }
+      } catch (e) {
+        await stream.return(undefined).catch(() => {});
+        if (signal.aborted) return undefined;
+        if (isWatchRetriable(e) && !(opened && e instanceof ApiConnectionError)) {
+          this.counts.errors++;
+          await this.wait(
+            signal,
+            (ms) => this.log.v(2).info("watch-list failed - backing off", { err: e, retryInMs: ms }),
+          );
+          continue;
+        }
+        const tooLarge = isTooLargeResourceVersion(e);
+        if (isExpired(e) || tooLarge) {
+          this.rvUnavailable = true;
+          if (tooLarge) this.historyResetPending = true;
+          continue;
+        }
+        // The stream broke or went silent after it opened: as a closed stream, stream again.
+        if (opened && (e instanceof ApiConnectionError || e instanceof WatchInactivityError)) continue;
+        throw e;
+      }
+      if (signal.aborted) {
+        await stream.return(undefined).catch(() => {});
+        return undefined;
+      }
+      if (endRv === undefined) {
+        // Closed before the bookmark: stream again, unless it was a very short watch.
+        if (events === 0 && this.clock.now() - start < 1000) throw new VeryShortWatchError(this.name);
+        continue;
+      }
+      this.rvUnavailable = false;
+      this.historyResetPending = false;
+      this.log.v(2).info("Streamed", { items: session ? undefined : items.length, resourceVersion: endRv });
+      this.lastResourceVersion = endRv;
+      if (session) session.end(endRv);
+      else this.store.replace(items, endRv, historyReset);
+      return { stream, start, events };
+    }
+    return undefined;
   }
 }

@@ -1,0 +1,653 @@
+/**
+ * The API server's cost of every agent (issue #22): the real kube-apiserver + etcd of the test kit
+ * (testkit/kube_apiserver.ts, the reference release) loaded through its API with S Services × E endpoints, then,
+ * for each agent kind in turn, N agents started at once as a DaemonSet rollout does, each in a throwaway network
+ * namespace attached to the control plane, then endpoint churn. Only API traffic is measured: every agent runs
+ * with no-op `iptables*` / `ip6tables*` / `nft` wrappers first in its PATH (they read the payload, note when a
+ * restore carried every Service, and exit 0), so no kernel rules are written.
+ *
+ * ```sh
+ * deno run -A scripts/api_cost.ts --services 10000 --endpoints 10 --agents 10 \
+ *   --kinds ours,ours-watchlist,upstream --churn 20 --duration 60
+ * ```
+ *
+ * Kinds: `ours` (LIST + gzip, then WATCH), `ours-watchlist` (this agent with `--feature-gates=WatchListClient=true`),
+ * `upstream` (upstream kube-proxy of the reference release, its defaults: protobuf, client-go's watch-list).
+ * Each agent has its own API user (a static token bound to system:node-proxier), so the audit log tells agents
+ * apart. Figures:
+ * - per agent: requests by verb (audit log, ResponseComplete stage) during the start (spawn → every agent synced
+ *   + settle) and during the churn; bytes received on its link to the control plane (the namespace's `k8s0`
+ *   rx_bytes: TLS, HTTP framing and all); time from spawn to the first `iptables-restore` holding every Service;
+ * - API server (from /proc of the kube-apiserver process): CPU seconds and peak RSS growth over the start
+ *   (VmHWM reset through clear_refs before the start), CPU seconds over the churn; from its /metrics: the
+ *   latency of LIST and GET requests, the requests by verb, watch events sent.
+ * `DKP_AC_V` sets the agents' `--v` (default 1). Must run as root; everything lives in `dkp-<pid>-...` namespaces,
+ * deleted afterwards.
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { k8sBinary, KubeApiServer } from "../testkit/kube_apiserver.ts";
+import { agentCommand as startCommand } from "../testkit/agent_command.ts";
+import type { KubeObject } from "../lib/kube/types.ts";
+import { sh } from "./scale_netns.ts";
+
+/** Agent kinds the harness runs. */
+export type AgentKind = "ours" | "ours-watchlist" | "upstream";
+const KINDS: AgentKind[] = ["ours", "ours-watchlist", "upstream"];
+const NS = "apicost";
+
+/** Options of {@linkcode runApiCost}. */
+export interface ApiCostOptions {
+  services: number;
+  endpoints: number;
+  /** Agents started at once per kind. */
+  agents: number;
+  kinds: AgentKind[];
+  /** EndpointSlice updates per second during the churn. */
+  churn: number;
+  /** Seconds of churn. */
+  duration: number;
+  /** Seconds after the last agent's first sync before the start phase is closed. */
+  settle: number;
+  /** Seconds allowed for every agent's first sync. */
+  timeout: number;
+  /** Concurrent creates while loading. */
+  concurrency: number;
+  verbose: boolean;
+}
+
+/** Requests of one agent by verb (audit log). */
+export type Verbs = Record<string, number>;
+
+/** What one kind measured. */
+export interface KindResult {
+  kind: AgentKind;
+  agents: number;
+  /** Seconds from spawn to the first restore holding every Service, per agent (null: never). */
+  firstSyncS: (number | null)[];
+  /** Bytes received per agent during the start phase. */
+  startBytes: number[];
+  /** Bytes received per agent during the churn. */
+  churnBytes: number[];
+  /** Requests per agent during the start and the churn. */
+  startRequests: Verbs[];
+  churnRequests: Verbs[];
+  /** URIs of the first requests of agent 0 (what it asked for). */
+  sampleURIs: string[];
+  apiCpuStartS: number;
+  apiCpuChurnS: number;
+  apiRssBeforeMiB: number;
+  apiRssPeakMiB: number;
+  /** Mean LIST / GET latency (s) over the start, from apiserver_request_duration_seconds. */
+  listLatencyS: number | null;
+  getLatencyS: number | null;
+  /** Watch events the server sent over the churn (apiserver_watch_events_total delta). */
+  churnWatchEvents: number;
+  loadAvg: string;
+  errors: string[];
+}
+
+const log = (v: boolean, ...a: unknown[]) => v && console.error(`[${new Date().toISOString()}]`, ...a);
+
+/** Metadata-level audit events (one per request, at its end) for the agents' users only. */
+function auditPolicy(users: string[]): string {
+  return `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Metadata
+  users: ${JSON.stringify(users)}
+- level: None
+`;
+}
+
+/** A no-op iptables/nft: logs `<ns-time> <name> <Services in the payload>` for restores, writes nothing. */
+const WRAPPER = `#!/bin/sh
+name=$(basename "$0")
+case " $* " in *" --version "*|*" -V "*|*" -v "*) case "$name" in
+  nft*) echo "nftables v1.0.9 (Old Doc Yak #3)";;
+  *) echo "$name v1.8.9 (legacy)";; esac; exit 0;; esac
+case "$name" in
+  *-restore) n=$(grep -c -- '-A KUBE-SERVICES .*-j KUBE-SVC-'); echo "$(date +%s%N) $name $n" >> "$DKP_AC_LOG";;
+  *-save) ;;
+  nft) case " $* " in *" -f "*) cat > /dev/null;; esac;;
+esac
+exit 0
+`;
+const WRAPPED = [
+  "iptables",
+  "iptables-save",
+  "iptables-restore",
+  "ip6tables",
+  "ip6tables-save",
+  "ip6tables-restore",
+  "iptables-legacy",
+  "iptables-legacy-save",
+  "iptables-legacy-restore",
+  "ip6tables-legacy",
+  "ip6tables-legacy-save",
+  "ip6tables-legacy-restore",
+  "iptables-nft",
+  "iptables-nft-save",
+  "iptables-nft-restore",
+  "ip6tables-nft",
+  "ip6tables-nft-save",
+  "ip6tables-nft-restore",
+  "nft",
+];
+
+function service(i: number): KubeObject {
+  return {
+    apiVersion: "v1",
+    kind: "Service",
+    metadata: { name: `svc-${i}`, namespace: NS },
+    spec: { ports: [{ name: "http", port: 80, protocol: "TCP", targetPort: 8080 }] },
+  } as KubeObject;
+}
+
+function endpointIP(i: number, j: number, gen: number): string {
+  const n = (i * 16 + j) + gen * 1_000_000;
+  return `10.${128 + ((n >> 16) & 63)}.${(n >> 8) & 255}.${n & 255}`;
+}
+
+function slice(i: number, endpoints: number, gen = 0): KubeObject {
+  return {
+    apiVersion: "discovery.k8s.io/v1",
+    kind: "EndpointSlice",
+    metadata: { name: `svc-${i}-abcde`, namespace: NS, labels: { "kubernetes.io/service-name": `svc-${i}` } },
+    addressType: "IPv4",
+    endpoints: Array.from({ length: endpoints }, (_, j) => ({
+      addresses: [endpointIP(i, j, gen)],
+      conditions: { ready: true, serving: true, terminating: false },
+      nodeName: `pool-${j % 3}`,
+    })),
+    ports: [{ name: "http", port: 8080, protocol: "TCP" }],
+  } as KubeObject;
+}
+
+async function pool(n: number, concurrency: number, fn: (i: number) => Promise<unknown>): Promise<void> {
+  let next = 0;
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    while (next < n) {
+      const i = next++;
+      for (let attempt = 0;; attempt++) {
+        try {
+          await fn(i);
+          break;
+        } catch (e) {
+          if (attempt >= 5 || !/429|timed out|connection|Conflict|409/i.test(String(e))) throw e;
+          await new Promise((r) => setTimeout(r, 200 * (attempt + 1)));
+        }
+      }
+    }
+  }));
+}
+
+/** utime+stime (s) and VmRSS / VmHWM (MiB) of a process. */
+function procStats(pid: number): { cpuS: number; rssMiB: number; hwmMiB: number } {
+  const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  const cpuS = (Number(f[11]) + Number(f[12])) / 100;
+  const status = Deno.readTextFileSync(`/proc/${pid}/status`);
+  const kb = (k: string) => Number(status.match(new RegExp(`^${k}:\\s+(\\d+)`, "m"))?.[1] ?? 0) / 1024;
+  return { cpuS, rssMiB: kb("VmRSS"), hwmMiB: kb("VmHWM") };
+}
+
+async function apiServerPid(api: KubeApiServer): Promise<number> {
+  const pids = (await sh("ip", ["netns", "pids", api.netns])).split(/\s+/).filter(Boolean).map(Number);
+  for (const pid of pids) {
+    try {
+      if (Deno.readTextFileSync(`/proc/${pid}/comm`).trim() === "kube-apiserver") return pid;
+    } catch { /* gone */ }
+  }
+  throw new Error("kube-apiserver process not found");
+}
+
+/** Prometheus text → sums of a metric's samples matching label filters. */
+function metricSum(text: string, name: string, labels: Record<string, string> = {}): number {
+  let sum = 0;
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(name + "{") && !line.startsWith(name + " ")) continue;
+    if (Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`))) {
+      sum += Number(line.slice(line.lastIndexOf(" ") + 1));
+    }
+  }
+  return sum;
+}
+
+async function rxBytes(ns: string): Promise<number> {
+  return Number(
+    (await sh("ip", ["netns", "exec", ns, "cat", "/sys/class/net/k8s0/statistics/rx_bytes"])).trim(),
+  );
+}
+
+function agentArgs(kind: AgentKind, kubeconfig: string, node: string): string[] {
+  const common = [
+    `--kubeconfig=${kubeconfig}`,
+    `--hostname-override=${node}`,
+    "--proxy-mode=iptables",
+    `--v=${Deno.env.get("DKP_AC_V") ?? "1"}`,
+    "--conntrack-max-per-core=0",
+    "--metrics-bind-address=127.0.0.1:10249",
+    "--iptables-min-sync-period=1s",
+  ];
+  if (kind === "upstream") {
+    return [k8sBinary("kube-proxy"), ...common, "--healthz-bind-address=127.0.0.1:10256"];
+  }
+  const gates = kind === "ours-watchlist" ? ["--feature-gates=WatchListClient=true"] : [];
+  return startCommand([...common, ...gates]);
+}
+
+/** Runs the whole measurement; returns one result per kind. */
+export async function runApiCost(o: ApiCostOptions): Promise<KindResult[]> {
+  const work = await Deno.makeTempDir({ prefix: "dkp-apicost-" });
+  const wrapDir = `${work}/bin`;
+  await Deno.mkdir(wrapDir);
+  for (const name of WRAPPED) await Deno.writeTextFile(`${wrapDir}/${name}`, WRAPPER, { mode: 0o755 });
+  const users = o.kinds.flatMap((k) => Array.from({ length: o.agents }, (_, i) => `${k}-${i}`));
+  await Deno.writeTextFile(`${work}/audit-policy.yaml`, auditPolicy(users));
+  const api = await KubeApiServer.start({
+    tokenUsers: users,
+    readyTimeoutMs: 120_000,
+    extraArgs: [
+      `--audit-policy-file=${work}/audit-policy.yaml`,
+      `--audit-log-path=${work}/audit.log`,
+      "--audit-log-maxsize=0",
+    ],
+  });
+  const results: KindResult[] = [];
+  try {
+    await runWith(api, o, work, wrapDir, results);
+  } finally {
+    await api.stop();
+    if (!o.verbose) await Deno.remove(work, { recursive: true }).catch(() => {});
+    else log(true, "work directory kept:", work);
+  }
+  return results;
+}
+
+async function runWith(
+  api: KubeApiServer,
+  o: ApiCostOptions,
+  work: string,
+  wrapDir: string,
+  results: KindResult[],
+): Promise<void> {
+  const pid = await apiServerPid(api);
+  const client = Deno.createHttpClient({
+    caCerts: [api.caPem],
+    cert: await Deno.readTextFile(`${api.dir}/admin.crt`),
+    key: await Deno.readTextFile(`${api.dir}/admin.key`),
+  });
+  const metrics = async () => {
+    const res = await fetch(`${api.localUrl}/metrics`, { client });
+    return await res.text();
+  };
+  for (const kind of o.kinds) {
+    await api.create({
+      apiVersion: "rbac.authorization.k8s.io/v1",
+      kind: "ClusterRoleBinding",
+      metadata: { name: `apicost-${kind}` },
+      roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name: "system:node-proxier" },
+      subjects: Array.from({ length: o.agents }, (_, i) => ({
+        apiGroup: "rbac.authorization.k8s.io",
+        kind: "User",
+        name: `${kind}-${i}`,
+      })),
+    } as KubeObject);
+  }
+  for (let i = 0; i < o.agents; i++) {
+    await api.create({
+      apiVersion: "v1",
+      kind: "Node",
+      metadata: { name: `node-${i}`, labels: { "kubernetes.io/hostname": `node-${i}` } },
+      spec: {},
+      // Both agents wait for the node's addresses (upstream gives up after 30 s).
+      status: { addresses: [{ type: "InternalIP", address: `192.168.${100 + (i >> 8)}.${i & 255}` }] },
+    } as KubeObject);
+  }
+  await api.create({ apiVersion: "v1", kind: "Namespace", metadata: { name: NS } } as KubeObject);
+  const loadStart = performance.now();
+  await pool(o.services, o.concurrency, async (i) => {
+    await api.create(service(i));
+    await api.create(slice(i, o.endpoints));
+  });
+  log(
+    o.verbose,
+    `loaded ${o.services} Services × ${o.endpoints} in ${
+      ((performance.now() - loadStart) / 1000).toFixed(1)
+    } s`,
+  );
+  const gen = new Map<number, number>();
+  let seq = 0;
+  for (const kind of o.kinds) {
+    const r: KindResult = {
+      kind,
+      agents: o.agents,
+      firstSyncS: [],
+      startBytes: [],
+      churnBytes: [],
+      startRequests: [],
+      churnRequests: [],
+      sampleURIs: [],
+      apiCpuStartS: 0,
+      apiCpuChurnS: 0,
+      apiRssBeforeMiB: 0,
+      apiRssPeakMiB: 0,
+      listLatencyS: null,
+      getLatencyS: null,
+      churnWatchEvents: 0,
+      loadAvg: "",
+      errors: [],
+    };
+    results.push(r);
+    const nss: string[] = [];
+    const procs: Deno.ChildProcess[] = [];
+    const logs: string[] = [];
+    try {
+      for (let i = 0; i < o.agents; i++) {
+        const ns = `dkp-${Deno.pid}-ac${seq++}`;
+        await sh("ip", ["netns", "add", ns]);
+        nss.push(ns);
+        await sh("ip", ["-n", ns, "link", "set", "lo", "up"]);
+        await api.attach(ns);
+        logs.push(`${work}/${kind}-${i}.restores`);
+      }
+      const kubeconfigs = await Promise.all(
+        Array.from(
+          { length: o.agents },
+          (_, i) => api.writeKubeconfig({ token: api.tokens.get(`${kind}-${i}`) }),
+        ),
+      );
+      // Let the server settle after the load or the previous kind.
+      await new Promise((res) => setTimeout(res, 5000));
+      const rx0 = await Promise.all(nss.map(rxBytes));
+      const m0 = await metrics();
+      await Deno.writeTextFile(`/proc/${pid}/clear_refs`, "5");
+      const p0 = procStats(pid);
+      r.apiRssBeforeMiB = p0.rssMiB;
+      const tStart = Date.now();
+      for (let i = 0; i < o.agents; i++) {
+        const cmd = agentArgs(kind, kubeconfigs[i], `node-${i}`);
+        procs.push(
+          new Deno.Command("ip", {
+            args: [
+              "netns",
+              "exec",
+              nss[i],
+              "env",
+              `PATH=${wrapDir}:${Deno.env.get("PATH")}`,
+              `DKP_AC_LOG=${logs[i]}`,
+              `XTABLES_LOCKFILE=${work}/xtables-${i}.lock`,
+              ...cmd,
+            ],
+            stdin: "null",
+            stdout: "null",
+            stderr: "piped",
+          }).spawn(),
+        );
+      }
+      procs.forEach((p, i) => {
+        const f = Deno.openSync(`${work}/${kind}-${i}.log`, { write: true, create: true, truncate: true });
+        p.stderr.pipeTo(f.writable).catch(() => {});
+      });
+      const synced: (number | null)[] = Array(o.agents).fill(null);
+      const deadline = tStart + o.timeout * 1000;
+      while (synced.some((s) => s === null) && Date.now() < deadline) {
+        await new Promise((res) => setTimeout(res, 250));
+        for (let i = 0; i < o.agents; i++) {
+          if (synced[i] !== null) continue;
+          let text = "";
+          try {
+            text = await Deno.readTextFile(logs[i]);
+          } catch { /* not yet */ }
+          for (const line of text.split("\n")) {
+            const [ns, name, count] = line.split(" ");
+            if (name?.startsWith("iptables") && Number(count) >= o.services) {
+              synced[i] = (Number(ns) / 1e6 - tStart) / 1000;
+              break;
+            }
+          }
+        }
+      }
+      r.firstSyncS = synced;
+      if (synced.some((s) => s === null)) {
+        r.errors.push(`${synced.filter((s) => s === null).length} agents did not sync`);
+      }
+      log(o.verbose, `${kind}: synced`, synced.map((s) => s?.toFixed(1)).join(" "));
+      await new Promise((res) => setTimeout(res, o.settle * 1000));
+      const tChurn = Date.now();
+      const p1 = procStats(pid);
+      r.apiCpuStartS = p1.cpuS - p0.cpuS;
+      r.apiRssPeakMiB = p1.hwmMiB;
+      const rx1 = await Promise.all(nss.map(rxBytes));
+      r.startBytes = rx1.map((b, i) => b - rx0[i]);
+      const m1 = await metrics();
+      const lat = (verb: string) => {
+        const c = metricSum(m1, "apiserver_request_duration_seconds_count", { verb }) -
+          metricSum(m0, "apiserver_request_duration_seconds_count", { verb });
+        const s = metricSum(m1, "apiserver_request_duration_seconds_sum", { verb }) -
+          metricSum(m0, "apiserver_request_duration_seconds_sum", { verb });
+        return c > 0 ? s / c : null;
+      };
+      r.listLatencyS = lat("LIST");
+      r.getLatencyS = lat("GET");
+      // Churn: replace one endpoint of a random slice, `churn` times a second.
+      const rand = mulberry(7);
+      const churnEnd = tChurn + o.duration * 1000;
+      let k = 0;
+      while (Date.now() < churnEnd) {
+        const due = tChurn + (k * 1000) / o.churn;
+        if (due > Date.now()) await new Promise((res) => setTimeout(res, due - Date.now()));
+        const i = Math.floor(rand() * o.services);
+        const g = (gen.get(i) ?? 0) + 1;
+        gen.set(i, g);
+        await api.patch(
+          { apiVersion: "discovery.k8s.io/v1", kind: "EndpointSlice", namespace: NS, name: `svc-${i}-abcde` },
+          { endpoints: (slice(i, o.endpoints, g) as unknown as { endpoints: unknown[] }).endpoints },
+        ).catch((e) => r.errors.push(String(e)));
+        k++;
+      }
+      const p2 = procStats(pid);
+      r.apiCpuChurnS = p2.cpuS - p1.cpuS;
+      const rx2 = await Promise.all(nss.map(rxBytes));
+      r.churnBytes = rx2.map((b, i) => b - rx1[i]);
+      const m2 = await metrics();
+      r.churnWatchEvents = metricSum(m2, "apiserver_watch_events_total") -
+        metricSum(m1, "apiserver_watch_events_total");
+      r.loadAvg = (await Deno.readTextFile("/proc/loadavg")).split(" ").slice(0, 3).join(" ");
+      for (const p of procs) p.kill("SIGTERM");
+      // Agents get 15 s to exit after SIGTERM; one that does not is killed and reported.
+      const exited = await Promise.all(
+        procs.map((p) =>
+          Promise.race([
+            p.status.then(() => true),
+            new Promise<boolean>((res) => setTimeout(() => res(false), 15_000)),
+          ])
+        ),
+      );
+      exited.forEach((ok, i) => {
+        if (ok) return;
+        r.errors.push(`${kind}-${i}: did not exit within 15 s of SIGTERM`);
+        try {
+          procs[i].kill("SIGKILL");
+        } catch { /* gone */ }
+      });
+      await Promise.all(procs.map((p) => p.status));
+      // Let the audit backend flush the watches' ResponseComplete events.
+      await new Promise((res) => setTimeout(res, 2000));
+      const audit = await readAudit(`${work}/audit.log`);
+      for (let i = 0; i < o.agents; i++) {
+        const mine = audit.filter((e) => e.user === `${kind}-${i}`);
+        r.startRequests.push(countVerbs(mine.filter((e) => e.t < tChurn)));
+        r.churnRequests.push(countVerbs(mine.filter((e) => e.t >= tChurn && e.t < churnEnd)));
+        if (i === 0) r.sampleURIs = mine.slice(0, 12).map((e) => `${e.verb} ${e.uri}`);
+      }
+      for (let i = 0; i < o.agents; i++) {
+        if (synced[i] === null) {
+          r.errors.push(
+            `${kind}-${i}: ${(await Deno.readTextFile(`${work}/${kind}-${i}.log`)).slice(-1500)}`,
+          );
+        }
+      }
+    } finally {
+      for (const p of procs) {
+        try {
+          p.kill("SIGKILL");
+        } catch { /* gone */ }
+      }
+      for (const ns of nss) await sh("ip", ["netns", "del", ns]).catch(() => {});
+    }
+  }
+  client.close();
+}
+
+interface AuditEvent {
+  user: string;
+  verb: string;
+  uri: string;
+  /** requestReceivedTimestamp, ms since the epoch. */
+  t: number;
+}
+
+async function readAudit(path: string): Promise<AuditEvent[]> {
+  const out: AuditEvent[] = [];
+  for (const line of (await Deno.readTextFile(path)).split("\n")) {
+    if (!line) continue;
+    const e = JSON.parse(line);
+    if (e.stage !== "ResponseComplete" && e.stage !== "Panic") continue;
+    out.push({
+      user: e.user?.username ?? "",
+      verb: e.verb,
+      uri: e.requestURI,
+      t: Date.parse(e.requestReceivedTimestamp),
+    });
+  }
+  return out;
+}
+
+function countVerbs(evs: AuditEvent[]): Verbs {
+  const v: Verbs = {};
+  for (const e of evs) {
+    const key = e.verb === "watch" && /sendInitialEvents=true/.test(e.uri) ? "watchlist" : e.verb;
+    v[key] = (v[key] ?? 0) + 1;
+  }
+  return v;
+}
+
+function mulberry(seed: number): () => number {
+  let s = seed | 0;
+  return () => {
+    s = (s + 0x6d2b79f5) | 0;
+    let t = Math.imul(s ^ (s >>> 15), 1 | s);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function median(xs: number[]): number | null {
+  const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
+  if (v.length === 0) return null;
+  const m = v.length >> 1;
+  return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+function fmtVerbs(vs: Verbs[]): string {
+  const total: Verbs = {};
+  for (const v of vs) for (const [k, n] of Object.entries(v)) total[k] = (total[k] ?? 0) + n;
+  return Object.entries(total).sort().map(([k, n]) => `${k} ${(n / vs.length).toFixed(1)}`).join(", ");
+}
+
+/** The side-by-side table (per agent start, per agent over the churn, API server), ratios against upstream. */
+export function table(o: ApiCostOptions, rs: KindResult[]): string {
+  const up = rs.find((r) => r.kind === "upstream");
+  const mib = (b: number | null) => b === null ? "-" : (b / 1048576).toFixed(2);
+  const rows: [string, (r: KindResult) => number | null, (v: number | null) => string][] = [
+    ["bytes received per agent start (MiB, median)", (r) => median(r.startBytes), mib],
+    ["first full sync (s, median)", (r) => median(r.firstSyncS.filter((x): x is number => x !== null)), f1],
+    ["first full sync (s, slowest)", (r) => Math.max(...r.firstSyncS.map((x) => x ?? Infinity)), f1],
+    ["API server CPU per agent start (s)", (r) => r.apiCpuStartS / r.agents, f2],
+    [
+      "API server peak RSS growth per agent start (MiB)",
+      (r) => (r.apiRssPeakMiB - r.apiRssBeforeMiB) / r.agents,
+      f2,
+    ],
+    ["API server mean LIST latency during the start (s)", (r) => r.listLatencyS, f2],
+    ["bytes received per agent over the churn (MiB, median)", (r) => median(r.churnBytes), mib],
+    ["requests per agent over the churn", (r) => total(r.churnRequests) / r.agents, f1],
+    ["API server CPU over the churn (s)", (r) => r.apiCpuChurnS, f1],
+  ];
+  const lines = [
+    `${o.agents} agents per kind started at once; ${o.services} Services × ${o.endpoints} endpoints; churn ${o.churn} slice updates/s for ${o.duration} s`,
+    "",
+    `| | ${rs.map((r) => r.kind).join(" | ")} |${
+      up ? rs.filter((r) => r !== up).map((r) => ` ${r.kind} / upstream |`).join("") : ""
+    }`,
+    `|---|${rs.map(() => "---|").join("")}${up ? rs.filter((r) => r !== up).map(() => "---|").join("") : ""}`,
+  ];
+  for (const [label, get, fmt] of rows) {
+    const vals = rs.map(get);
+    const u = up ? get(up) : null;
+    const ratios = up
+      ? rs.filter((r) => r !== up).map((r) => {
+        const v = get(r);
+        return v !== null && u ? ` ${(v / u).toFixed(2)} |` : " - |";
+      }).join("")
+      : "";
+    lines.push(`| ${label} | ${vals.map(fmt).join(" | ")} |${ratios}`);
+  }
+  lines.push(`| requests per agent start | ${rs.map((r) => fmtVerbs(r.startRequests)).join(" | ")} |`);
+  lines.push(
+    `| requests per agent over the churn | ${rs.map((r) => fmtVerbs(r.churnRequests)).join(" | ")} |`,
+  );
+  lines.push(
+    `| API server RSS before the start (MiB) | ${rs.map((r) => r.apiRssBeforeMiB.toFixed(0)).join(" | ")} |`,
+  );
+  lines.push(`| load average after the kind | ${rs.map((r) => r.loadAvg).join(" | ")} |`);
+  return lines.join("\n");
+}
+
+function total(vs: Verbs[]): number {
+  return vs.reduce((s, v) => s + Object.values(v).reduce((a, b) => a + b, 0), 0);
+}
+const f1 = (v: number | null) => v === null || !Number.isFinite(v) ? "-" : v.toFixed(1);
+const f2 = (v: number | null) => v === null || !Number.isFinite(v) ? "-" : v.toFixed(2);
+
+if (import.meta.main) {
+  const { values } = parseArgs({
+    args: Deno.args,
+    options: {
+      services: { type: "string", default: "10000" },
+      endpoints: { type: "string", default: "10" },
+      agents: { type: "string", default: "10" },
+      kinds: { type: "string", default: KINDS.join(",") },
+      churn: { type: "string", default: "20" },
+      duration: { type: "string", default: "60" },
+      settle: { type: "string", default: "5" },
+      timeout: { type: "string", default: "600" },
+      concurrency: { type: "string", default: "16" },
+      verbose: { type: "boolean", default: false },
+      json: { type: "boolean", default: false },
+    },
+  });
+  const o: ApiCostOptions = {
+    services: Number(values.services),
+    endpoints: Number(values.endpoints),
+    agents: Number(values.agents),
+    kinds: values.kinds.split(",") as AgentKind[],
+    churn: Number(values.churn),
+    duration: Number(values.duration),
+    settle: Number(values.settle),
+    timeout: Number(values.timeout),
+    concurrency: Number(values.concurrency),
+    verbose: values.verbose,
+  };
+  for (const k of o.kinds) if (!KINDS.includes(k)) throw new Error(`unknown kind ${k}`);
+  const rs = await runApiCost(o);
+  console.log(table(o, rs));
+  for (const r of rs) {
+    console.log(`\n${r.kind}: agent 0's requests:\n  ${r.sampleURIs.join("\n  ")}`);
+    if (r.errors.length) console.log(`${r.kind} errors:\n${r.errors.join("\n").slice(0, 4000)}`);
+  }
+  if (values.json) console.log(JSON.stringify(rs));
+}
