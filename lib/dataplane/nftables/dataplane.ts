@@ -5,7 +5,10 @@
  * - Full sync (start, after a failure, periodic, node IP or nodePortAddresses change): the fixed layout
  *   (`setupOps`), every service port's chains, affinity sets and elements; the shared maps and sets are
  *   flushed and refilled in the same transaction. The transaction is generated port by port while nft reads
- *   it (`Nftables.runOperations`: bounded chunks, no transaction-sized text). The table's chains and sets are
+ *   it (`Nftables.runOperations`: bounded chunks, no transaction-sized text). Chains and affinity sets of ports
+ *   the kernel has none of go ahead in runs of `precreatePorts` (unreferenced until the sync's transaction adds
+ *   the elements leading to them): the kernel's commit costs the transaction's length per anonymous set, so one
+ *   10k-port transaction costs that squared. The table's chains and sets are
  *   listed once (not on partial syncs) to find leftovers of an earlier run; every existing generated chain is
  *   emptied first (v1.35's layout kept endpoint chains on the first sync; v1.37 has them only for affinity, and
  *   their rules changed, so nothing is kept).
