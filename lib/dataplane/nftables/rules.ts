@@ -375,6 +375,11 @@ function containers(family: IPFamily): Map<string, NftSet | NftMap> {
   return new Map(list.map((c) => [c.name, c]));
 }
 
+/** The declarations of the maps and sets holding per-service elements, as the fixed layout writes them. */
+export function elementContainerDeclarations(family: IPFamily): (NftSet | NftMap)[] {
+  return [...containers(family).values()];
+}
+
 /** The maps and sets holding per-service elements (flushed and refilled by a full sync). */
 export function elementContainers(family: IPFamily): (NftSet | NftMap)[] {
   return [...containers(family).values()].map((c) => ({ kind: c.kind, name: c.name }) as NftSet | NftMap);

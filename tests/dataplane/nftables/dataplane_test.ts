@@ -42,9 +42,10 @@ class Kernel extends FakeNftables {
   }
 }
 
-function setup(kernel = new Kernel()) {
+function setup(kernel = new Kernel(), precreatePorts?: number) {
   let clock = 1_000_000;
   const dp = new NftablesDataplane({
+    ...(precreatePorts !== undefined ? { precreatePorts } : {}),
     family: "IPv4",
     runner: new RecordingCommandRunner(),
     nftables: kernel,
@@ -492,4 +493,52 @@ Deno.test("KubeProxyNFTablesLocalhostNodePorts: localhost NodePorts are rejected
   await dp.sync(snapshot([web([{ ip: "10.1.0.1" }]), np2]));
   assert.doesNotMatch(kernel.dump(), /localhost-nodeport/);
   assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump([web([{ ip: "10.1.0.1" }]), np2]));
+});
+
+Deno.test("a full sync writes the chains and affinity sets of ports the kernel lacks ahead, precreatePorts at a time, unreferenced; the table is the same as from one transaction", async () => {
+  const many = (i: number, over: Partial<SvcSpec> = {}) =>
+    makeState({ ns: "ns2", name: `s${i}`, clusterIP: `172.30.1.${i}`, nodePort: 31000 + i, ...over }, [
+      { ip: `10.2.0.${i}` },
+      { ip: `10.2.1.${i}` },
+    ]);
+  const states = [many(1), many(2, STICKY), many(3), many(4), many(5)];
+  const want = await freshDump(states);
+  const kernel = new Kernel();
+  await setup(kernel, 2).dp.sync(snapshot(states));
+  assert.equal(kernel.transactions.length, 3, "two runs of 2 ports ahead, then the sync's transaction");
+  for (const t of kernel.transactions.slice(0, 2)) {
+    const lines = t.split("\n").filter((l) => l !== "");
+    assert.ok(lines.some((l) => l.startsWith("add rule ip kube-proxy service-")), "the ports' chains");
+    assert.ok(!lines.some((l) => / hook |^add element|^flush (map|set)|^delete/.test(l)), t);
+  }
+  assert.ok(kernel.transactions[0].includes("add set ip kube-proxy affinity-"), "s2's affinity sets ahead");
+  const final = kernel.last;
+  assert.ok(!final.some((l) => l.includes("s1/tcp") && l.startsWith("add rule")), "s1 was written ahead");
+  assert.ok(
+    final.some((l) => l.includes("s5/tcp") && l.startsWith("add rule")),
+    "s5 (the remainder) is here",
+  );
+  assert.ok(final.some((l) => l.startsWith("add element ip kube-proxy service-ips") && l.includes("s1/tcp")));
+  assert.deepEqual(normalizeNftTable(kernel.dump()), want);
+
+  // Restart: every chain exists, so everything goes in one transaction (rewriting live chains stays atomic).
+  const before = kernel.transactions.length;
+  await setup(kernel, 2).dp.sync(snapshot(states));
+  assert.equal(kernel.transactions.length, before + 1);
+  assert.deepEqual(normalizeNftTable(kernel.dump()), want);
+});
+
+Deno.test("a run written ahead that fails fails the sync; the next full sync writes the same table", async () => {
+  const many = (i: number) =>
+    makeState({ ns: "ns2", name: `s${i}`, clusterIP: `172.30.1.${i}` }, [{ ip: `10.2.0.${i}` }]);
+  const states = [1, 2, 3, 4, 5, 6].map(many);
+  const kernel = new Kernel();
+  const { dp } = setup(kernel, 2);
+  kernel.failIf = (t) => t.includes("ns2/s3/");
+  await assert.rejects(dp.sync(snapshot(states)), /injected failure/);
+  assert.equal(kernel.transactions.length, 2, "stopped at the failing run");
+  kernel.failIf = null;
+  const res = await dp.sync(snapshot(states));
+  assert.equal(res.full, true);
+  assert.deepEqual(normalizeNftTable(kernel.dump()), await freshDump(states));
 });
