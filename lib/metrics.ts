@@ -207,22 +207,33 @@ export const quarantinedServicePorts = new client.Gauge({
   registers: [allMetrics],
 });
 
-/**
- * A counter whose value is read at scrape time (upstream's nfacct collectors): prom-client's Counter whose
- * `get()` reports the reading, and no sample in a scrape where it cannot be read.
- */
-class ReadAtScrapeCounter extends client.Counter {
-  readonly #read: () => Promise<number | null>;
+/** One sample a {@linkcode ReadAtScrapeCounter} reads: its label values and its value. */
+export interface ScrapeSample<T extends string> {
+  readonly labels: Partial<Record<T, string>>;
+  readonly value: number;
+}
 
-  constructor(name: string, help: string, read: () => Promise<number | null>) {
-    super({ name, help, registers: [] });
+/**
+ * A counter whose values are read at scrape time (upstream's nfacct and nftables-counter collectors): prom-client's
+ * Counter whose `get()` reports the samples read, and none in a scrape where they cannot be read.
+ */
+class ReadAtScrapeCounter<T extends string> extends client.Counter<T> {
+  readonly #read: () => Promise<readonly ScrapeSample<T>[]>;
+
+  constructor(
+    name: string,
+    help: string,
+    labelNames: readonly T[],
+    read: () => Promise<readonly ScrapeSample<T>[]>,
+  ) {
+    super({ name, help, labelNames, registers: [] });
     this.#read = read;
   }
 
-  override async get(): Promise<client.MetricObjectWithValues<client.MetricValue<string>>> {
+  override async get(): Promise<client.MetricObjectWithValues<client.MetricValue<T>>> {
     const base = await super.get();
-    const v = await this.#read().catch(() => null);
-    return { ...base, values: v === null ? [] : [{ value: v, labels: {} }] };
+    const samples = await this.#read().catch(() => []);
+    return { ...base, values: samples.map((s) => ({ value: s.value, labels: { ...s.labels } })) };
   }
 }
 
@@ -245,8 +256,60 @@ export function registerNfacctMetrics(read: (counter: string) => Promise<number 
   ];
   for (const [name, help, counter] of metrics) {
     if (registry.getSingleMetric(name)) continue;
-    registry.registerMetric(new ReadAtScrapeCounter(name, help, () => read(counter)));
+    const readOne = async (): Promise<ScrapeSample<never>[]> => {
+      const v = await read(counter);
+      return v === null ? [] : [{ labels: {}, value: v }];
+    };
+    registry.registerMetric(new ReadAtScrapeCounter(name, help, [], readOne));
   }
+}
+
+/** Active loopback listeners of the localhost NodePort proxy (KubeProxyNFTablesLocalhostNodePorts, nftables). */
+export const localhostNodePortListeners = new client.Gauge({
+  name: "kubeproxy_nftables_localhost_nodeport_listeners",
+  help: "[ALPHA] Number of active localhost NodePort userspace proxy listeners.",
+  labelNames: family,
+  registers: [allMetrics],
+});
+
+/** Loopback listeners of the localhost NodePort proxy that could not be bound. */
+export const localhostNodePortListenerCreationFailuresTotal = new client.Counter({
+  name: "kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total",
+  help: "[ALPHA] Number of localhost NodePort userspace proxy listener creation failures.",
+  labelNames: family,
+  registers: [allMetrics],
+});
+
+/** The name of the rejected-packets metric read at scrape time from the table's named counters. */
+export const LOCALHOST_NODEPORT_REJECTED_PACKETS =
+  "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
+
+/** A reading of one `localhost-nodeport-rejected-<proto>` counter of one family's table. */
+export type LocalhostNodePortRejectedSample = ScrapeSample<"ip_family" | "protocol">;
+
+/**
+ * Registers upstream's three KubeProxyNFTablesLocalhostNodePorts metrics (nftables mode with the gate on, as
+ * upstream): the listener gauge and creation-failure counter (set by the loopback listeners), and the rejected
+ * packets read from the kernel by `read` at every scrape. Registering twice is a no-op.
+ */
+export function registerLocalhostNodePortMetrics(
+  read: () => Promise<readonly LocalhostNodePortRejectedSample[]>,
+): void {
+  for (const m of [localhostNodePortListeners, localhostNodePortListenerCreationFailuresTotal]) {
+    if (servedMetrics.has(m)) continue;
+    servedMetrics.add(m);
+    registry.registerMetric(m);
+  }
+  if (registry.getSingleMetric(LOCALHOST_NODEPORT_REJECTED_PACKETS)) return;
+  registry.registerMetric(
+    new ReadAtScrapeCounter(
+      LOCALHOST_NODEPORT_REJECTED_PACKETS,
+      "[ALPHA] Number of packets rejected on localhost NodePorts. UDP and SCTP are always rejected; TCP is " +
+        "rejected when the localhost NodePort proxy is not running",
+      ["ip_family", "protocol"],
+      read,
+    ),
+  );
 }
 
 /** Metrics of every mode (upstream's RegisterMetrics core list, plus our cross-mode failure counter). */

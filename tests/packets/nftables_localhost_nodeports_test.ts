@@ -6,6 +6,8 @@
  *   NodePort on the node's address are untouched;
  * - nodePortAddresses naming 127.0.0.0/8: the agent's loopback listener serves TCP NodePorts that have endpoints
  *   (and follows endpoint changes), a TCP NodePort without endpoints is refused, UDP ones are rejected and counted.
+ * Both read on the agent's /metrics too: `kubeproxy_nftables_localhost_nodeport_rejected_packets_total` (the
+ * counters, read at scrape time) and `kubeproxy_nftables_localhost_nodeport_listeners` (the listeners bound).
  */
 import assert from "node:assert/strict";
 import { SimulatorProcess } from "../../testkit/apiserver_process.ts";
@@ -22,6 +24,19 @@ async function counted(sb: Sandbox, name: string): Promise<number> {
   const out = (await sb.exec(sb.node, "nft", ["list", "counter", "ip", "kube-proxy", name])).stdout;
   return Number(/packets (\d+)/.exec(out)?.[1] ?? NaN);
 }
+
+/** One sample of the agent's /metrics (in the node namespace), by its exact name and labels; null when absent. */
+async function metric(sb: Sandbox, series: string): Promise<number | null> {
+  const r = await sb.tryExec(sb.node, Deno.execPath(), [
+    "eval",
+    "const r = await fetch('http://127.0.0.1:10249/metrics'); console.log(await r.text())",
+  ]);
+  const line = r.stdout.split("\n").find((l) => l.startsWith(`${series} `));
+  return line === undefined ? null : Number(line.slice(series.length + 1));
+}
+
+const REJECTED = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
+const LISTENERS = "kubeproxy_nftables_localhost_nodeport_listeners";
 
 privilegedTest(sandboxUnavailableReason(["ip", "nft", "conntrack", "sysctl"]), {
   name: "packets (nftables, KubeProxyNFTablesLocalhostNodePorts): a NodePort on 127.0.0.1 is rejected and " +
@@ -72,6 +87,11 @@ privilegedTest(sandboxUnavailableReason(["ip", "nft", "conntrack", "sysctl"]), {
       const r = await pn.tcp("127.0.0.1", 30080, { timeoutMs: 2000 });
       assert.equal(r.result, "refused", JSON.stringify(r));
       assert.equal(await counted(sb, "localhost-nodeport-rejected-tcp"), before + 1, "the SYN was counted");
+      assert.equal(
+        await metric(sb, `${REJECTED}{ip_family="IPv4",protocol="TCP"}`),
+        before + 1,
+        "on /metrics",
+      );
       assert.match(
         (await pn.tcp("127.0.0.1", 30090)).answer ?? "",
         /^node-local /,
@@ -140,9 +160,17 @@ privilegedTest(sandboxUnavailableReason(["ip", "nft", "conntrack", "sysctl"]), {
         throw new Error(`${err.message}\n${agent!.tail()}`);
       });
       assert.equal((await pn.tcp("127.0.0.1", 30082, { timeoutMs: 2000 })).result, "refused", "no endpoints");
+      // One listener: NodePort 30080 (30082 has no endpoints, 30053 is UDP).
+      assert.equal(await metric(sb, `${LISTENERS}{ip_family="IPv4"}`), 1);
+      const udpRejected = `${REJECTED}{ip_family="IPv4",protocol="UDP"}`;
       assert.equal(await counted(sb, "localhost-nodeport-rejected-udp"), 0);
+      assert.equal(await metric(sb, udpRejected), 0);
       await pn.udp("127.0.0.1", 30053, { timeoutMs: 500 });
       assert.equal(await counted(sb, "localhost-nodeport-rejected-udp"), 1, "the UDP datagram was rejected");
+      await eventually("the rejected UDP datagram on /metrics", async () => {
+        const v = await metric(sb, udpRejected);
+        return v === 1 ? v : undefined;
+      }, 5000);
       // The NodePort's endpoints change: the listener follows.
       await sim.upsert(endpointSlice("np", [{ ip: b.ip, node: NODE }]));
       await eventually("NodePort 30080 on loopback to reach pod-b", async () => {
@@ -154,6 +182,10 @@ privilegedTest(sandboxUnavailableReason(["ip", "nft", "conntrack", "sysctl"]), {
       await eventually("NodePort 30080 on loopback to be refused", async () => {
         const r = await pn.tcp("127.0.0.1", 30080, { timeoutMs: 300 });
         return r.result === "refused" ? r : undefined;
+      }, 5000);
+      await eventually("no listener on /metrics", async () => {
+        const v = await metric(sb, `${LISTENERS}{ip_family="IPv4"}`);
+        return v === 0 ? v : undefined;
       }, 5000);
     } finally {
       await agent?.stop(5000).catch(() => {});

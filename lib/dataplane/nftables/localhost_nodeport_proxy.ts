@@ -8,6 +8,7 @@
  * @module
  */
 import type { Logger } from "../../log.ts";
+import { localhostNodePortListenerCreationFailuresTotal, localhostNodePortListeners } from "../../metrics.ts";
 import type { IPFamily } from "../../proxy/types.ts";
 
 /** One TCP NodePort to serve on loopback. */
@@ -166,7 +167,7 @@ export class LocalhostNodePortProxy {
   private readonly address: string;
   private readonly active = new Map<number, Listener>();
 
-  constructor(family: IPFamily, private readonly log: Logger) {
+  constructor(private readonly family: IPFamily, private readonly log: Logger) {
     this.address = family === "IPv6" ? "::1" : "127.0.0.1";
   }
 
@@ -200,6 +201,7 @@ export class LocalhostNodePortProxy {
           port,
           service: spec.name,
         });
+        localhostNodePortListenerCreationFailuresTotal.inc({ ip_family: this.family });
         continue;
       }
       this.active.set(port, new Listener(port, listener, spec, this.log));
@@ -209,11 +211,13 @@ export class LocalhostNodePortProxy {
         endpoints: spec.endpoints.length,
       });
     }
+    localhostNodePortListeners.set({ ip_family: this.family }, this.active.size);
   }
 
   /** Closes every listener and connection. */
   shutdown(): void {
     for (const l of this.active.values()) l.closeAll();
     this.active.clear();
+    localhostNodePortListeners.set({ ip_family: this.family }, 0);
   }
 }

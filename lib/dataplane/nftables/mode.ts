@@ -9,6 +9,8 @@ import type { Logger } from "../../log.ts";
 import type { Dataplane, IPFamily } from "../../proxy/types.ts";
 import { configuredLocalTraffic } from "../local_traffic.ts";
 import { NftablesDataplane } from "./dataplane.ts";
+import { localhostNodePortRejectedReader } from "./localhost_nodeport_counters.ts";
+import { registerLocalhostNodePortMetrics } from "../../metrics.ts";
 import {
   type CleanupReport,
   type DataplaneMode,
@@ -94,6 +96,11 @@ export function newNftablesMode(host: NftablesHost = {}): DataplaneMode {
       const o = ctx.options;
       const cfg = o.config;
       const out = new Map<IPFamily, Dataplane>();
+      const localhostNodePorts = o.featureGates["KubeProxyNFTablesLocalhostNodePorts"] ?? false;
+      // Upstream registers these three only in nftables mode with the gate on.
+      if (localhostNodePorts) {
+        registerLocalhostNodePortMetrics(localhostNodePortRejectedReader(ctx.runner, families, ctx.logger));
+      }
       for (const family of families) {
         out.set(
           family,
@@ -106,7 +113,7 @@ export function newNftablesMode(host: NftablesHost = {}): DataplaneMode {
             nodePortAddresses: o.nodePortAddresses,
             nodeIP: cfg.bindAddress,
             logger: ctx.logger,
-            localhostNodePorts: o.featureGates["KubeProxyNFTablesLocalhostNodePorts"] ?? false,
+            localhostNodePorts,
           }),
         );
       }

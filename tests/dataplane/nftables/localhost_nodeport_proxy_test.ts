@@ -6,6 +6,10 @@
 import assert from "node:assert/strict";
 import { LocalhostNodePortProxy } from "../../../lib/dataplane/nftables/localhost_nodeport_proxy.ts";
 import { configureLogging, log } from "../../../lib/log.ts";
+import {
+  localhostNodePortListenerCreationFailuresTotal,
+  localhostNodePortListeners,
+} from "../../../lib/metrics.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -79,5 +83,49 @@ Deno.test("localhost NodePort listeners: random endpoint, affinity pins one, no 
     proxy.shutdown();
     a.close();
     b.close();
+  }
+});
+
+/** The IPv4 value of a family-labelled metric (0 when it has no IPv4 sample yet). */
+async function ipv4Value(
+  m: typeof localhostNodePortListeners | typeof localhostNodePortListenerCreationFailuresTotal,
+) {
+  return (await m.get()).values.find((v) => v.labels.ip_family === "IPv4")?.value ?? 0;
+}
+
+Deno.test("localhost NodePort listeners: the gauge counts active listeners, a port that cannot be bound counts a failure", async () => {
+  const a = backend("a");
+  // Something else holds this port on 127.0.0.1: the proxy cannot bind it.
+  const taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const takenPort = (taken.addr as Deno.NetAddr).port;
+  const [p1, p2] = [freePort(), freePort()];
+  const proxy = new LocalhostNodePortProxy("IPv4", log);
+  const eps = [{ ip: "127.0.0.1", port: a.port }];
+  const spec = (nodePort: number, endpoints = eps) => ({
+    name: `ns/np${nodePort}:p`,
+    nodePort,
+    endpoints,
+    affinitySeconds: 0,
+  });
+  const failuresBefore = await ipv4Value(localhostNodePortListenerCreationFailuresTotal);
+  try {
+    proxy.sync([spec(p1), spec(p2), spec(takenPort), spec(freePort(), [])]);
+    assert.deepEqual(proxy.ports, [p1, p2].sort((x, y) => x - y));
+    assert.equal(
+      await ipv4Value(localhostNodePortListeners),
+      2,
+      "two bound; none for the taken port or no endpoints",
+    );
+    assert.equal(await ipv4Value(localhostNodePortListenerCreationFailuresTotal), failuresBefore + 1);
+    // Retried (and failing again) at the next sync; one listener gone.
+    proxy.sync([spec(p1), spec(takenPort)]);
+    assert.equal(await ipv4Value(localhostNodePortListeners), 1);
+    assert.equal(await ipv4Value(localhostNodePortListenerCreationFailuresTotal), failuresBefore + 2);
+    proxy.shutdown();
+    assert.equal(await ipv4Value(localhostNodePortListeners), 0);
+  } finally {
+    proxy.shutdown();
+    taken.close();
+    a.close();
   }
 });

@@ -7,6 +7,7 @@ import { newNftablesMode } from "../../../lib/dataplane/nftables/mode.ts";
 import { NftablesDataplane } from "../../../lib/dataplane/nftables/dataplane.ts";
 import { RecordingCommandRunner } from "../../../lib/exec.ts";
 import { configureLogging, log } from "../../../lib/log.ts";
+import { registry } from "../../../lib/metrics.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -92,4 +93,19 @@ Deno.test("createDataplanes makes one NftablesDataplane per family", async () =>
     assert.ok(dp instanceof NftablesDataplane);
     assert.equal(dp.family, family);
   }
+});
+
+Deno.test("createDataplanes registers the localhost NodePort metrics only with KubeProxyNFTablesLocalhostNodePorts", async () => {
+  const names = [
+    "kubeproxy_nftables_localhost_nodeport_listeners",
+    "kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total",
+    "kubeproxy_nftables_localhost_nodeport_rejected_packets_total",
+  ];
+  const served = () => names.filter((n) => registry.getSingleMetric(n) !== undefined);
+  await newNftablesMode().createDataplanes(context(nft("1.0.6")), ["IPv4"]);
+  assert.deepEqual(served(), [], "gate off");
+  const ctx = context(nft("1.0.6"));
+  ctx.options.featureGates["KubeProxyNFTablesLocalhostNodePorts"] = true;
+  await newNftablesMode().createDataplanes(ctx, ["IPv4"]);
+  assert.deepEqual(served(), names, "gate on");
 });
