@@ -47,6 +47,11 @@ export interface ProbeResult {
   conn?: number;
   /** Error text for result `error`. */
   error?: string;
+  /**
+   * For a `tcp` timeout: the TCP handshake had completed (the path and the rules carried it; the server did not
+   * answer in time, e.g. on a loaded machine). Absent when the connection was never established.
+   */
+  connected?: boolean;
   /** For `tcp` and `udp`: ms from the start of the probe to its outcome, measured in the probe process. */
   elapsedMs?: number;
 }
@@ -88,7 +93,10 @@ function tcpProbe(req: ProbeRequest, keep: boolean): Promise<ProbeResult> {
       if (destroy) sock.destroy();
       resolve(r);
     };
-    const timer = setTimeout(() => finish({ result: "timeout" }, true), req.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+    const timer = setTimeout(
+      () => finish({ result: "timeout", ...(sock.connecting ? {} : { connected: true }) }, true),
+      req.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+    );
     sock.on("error", (err) => finish(errorOutcome(err), true));
     sock.on("close", () => finish({ result: "closed" }, false));
     sock.on("data", (chunk: Buffer) => {

@@ -487,7 +487,8 @@ export class Proxier {
 
   /**
    * After a failed sync: bisects the suspect ports (those of Services changed since the last successful sync,
-   * every port before the first one, and the quarantined ports retried now) with full syncs of subsets, puts
+   * every port before the first one, and the quarantined ports retried now) with checks (or, without a check
+   * mode, full syncs) of subsets, puts
    * the refused ports in quarantine (logged, reported) and returns the snapshot of the rest and its result.
    * Null when the failure is not a port's (the trusted ports alone fail too).
    */
@@ -517,7 +518,15 @@ export class Proxier {
       }
       return { ...failed, servicePorts, changedServices: null, totalEndpoints };
     };
-    const found = await isolateRefused(trusted, suspects, error, (items) => f.dataplane.sync(subset(items)));
+    // With a check mode the search commits nothing: the kernel keeps the last good rules until one real sync
+    // of the accepted ports (isolation.ts).
+    const dp = f.dataplane;
+    const check = dp.check === undefined
+      ? undefined
+      : (items: readonly ServicePortState[]) => dp.check!(subset(items));
+    const found = await isolateRefused(trusted, suspects, error, (items) => dp.sync(subset(items)), {
+      check,
+    });
     if (!found) return null;
     for (const { item, error: why } of found.refused) {
       const message = errorMessage(why);
@@ -540,6 +549,7 @@ export class Proxier {
     log.info("Programmed every service port but the refused ones", {
       ipFamily: f.family,
       attempts: found.attempts,
+      realSyncs: found.realSyncs,
       refused: found.refused.length,
     });
     return { snapshot: subset(found.accepted), result: found.result };

@@ -141,6 +141,14 @@ export interface Dataplane {
   /** Applies the snapshot. Rejects on failure; the next call must then do a full sync. */
   sync(snapshot: ProxySnapshot): Promise<SyncResult>;
   /**
+   * Renders the full sync of the snapshot and hands it to the kernel tool in its check mode (iptables:
+   * `iptables-restore --test`; nftables: `nft -c -f -`), committing nothing and changing none of the
+   * dataplane's bookkeeping (what was written, deferred deletions, sync metrics). Rejects as `sync` would when
+   * the tool refuses the payload. Optional (absent in ipvs mode: ipvsadm and ipset have no check mode); used
+   * by the proxier to isolate refused service ports without touching the kernel's rules.
+   */
+  check?(snapshot: ProxySnapshot): Promise<void>;
+  /**
    * Checks for signs that the kernel state was flushed behind our back (iptables canary chains).
    * Resolves true when a full resync is needed. Optional.
    */

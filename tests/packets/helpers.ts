@@ -256,6 +256,7 @@ export function sandboxAgentFlags(opts: SandboxAgentOptions): string[] {
  * Fault injection for the isolation test: a directory of wrappers, one per tool in `tools` found on PATH, that
  * refuse (exit 1, a message on stderr) any input on stdin containing `marker` and pass everything else to the
  * real tool unchanged. The refusal is the only pretend part: the rest of every sync reaches the real kernel.
+ * Whatever the arguments: the check forms (`iptables-restore --test`, `nft -c`/`--check`) are refused alike.
  */
 export async function refusingToolWrappers(tools: readonly string[], marker: string): Promise<string> {
   const dir = await Deno.makeTempDir({ prefix: "dkp-refusing-tools-" });

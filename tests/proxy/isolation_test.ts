@@ -56,7 +56,9 @@ Deno.test("isolateRefused() quarantines nothing after a transient failure, and g
   assert.equal(broken.calls.length, 1);
   const capped = refusing<number>((n) => n % 2 === 0);
   assert.equal(
-    await isolateRefused([], Array.from({ length: 64 }, (_, i) => i), new Error("x"), capped.sync, 20),
+    await isolateRefused([], Array.from({ length: 64 }, (_, i) => i), new Error("x"), capped.sync, {
+      maxAttempts: 20,
+    }),
     null,
   );
   assert.equal(capped.calls.length, 20);

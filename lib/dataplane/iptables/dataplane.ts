@@ -455,6 +455,59 @@ export class IptablesDataplane implements Dataplane {
     return { full, payloadBytes: plan.bytes, generateMs, applyMs };
   }
 
+  /**
+   * Streams the full sync of the snapshot to `iptables-restore --test` (otherwise the real restore's flags):
+   * nothing is committed and nothing of what this dataplane remembers of the kernel changes (written chains,
+   * the next sync's fullness, restore metrics, `lastPayload`). Like a full sync it lists the tables, reads the
+   * node's addresses and ensures the nfacct counters (setup a real full sync does too); the render cache is
+   * shared, keyed by the rendering settings as for syncs. Rejects with the restore's error when refused.
+   */
+  async check(snapshot: ProxySnapshot): Promise<void> {
+    if (snapshot.family !== this.family) {
+      throw new Error(`iptables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
+    }
+    if (this.streaming) throw new Error("iptables dataplane: check while a sync is streaming");
+    if (!this.initialized) await this.init(snapshot);
+    const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
+    const nodeIP = this.nodeIPOf(snapshot);
+    const cfg0 = await this.ensureCounters(this.cfg!);
+    if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP || cfg0 !== this.cfg) {
+      // Render-cache settings, as in sync (which compares them again and re-renders when they differ).
+      this.blocks.clear();
+      this.dispatchSection.clear();
+      this.largeCluster = largeCluster;
+      this.cfg = nodeIP !== cfg0.nodeIP ? { ...cfg0, nodeIP } : cfg0;
+    }
+    const scan = await this.scan();
+    await this.readNodePortIPs();
+    const plan = this.newPlan(snapshot, this.cfg!, true, scan);
+    const gen = this.stream(snapshot, plan);
+    const args = ["--test", "--noflush", "--counters", "-w", "5", "-W", "100000"];
+    let r;
+    this.streaming = true;
+    try {
+      r = await this.runner.tryRun({
+        cmd: this.tools.restore,
+        args,
+        stdin: gen,
+        captureStdout: false,
+        timeoutMs: 600_000,
+      });
+      for (const _ of gen) { /* discard: the render cache is left as a finished stream leaves it */ }
+    } finally {
+      this.streaming = false;
+    }
+    if (r.code !== 0) {
+      const n = failedLine(r.stderr);
+      const text = n !== null ? new Payload(plan, (p) => this.replay(p)).text : "";
+      this.log.v(2).info("iptables-restore --test refused the payload", {
+        stderr: r.stderr.trim(),
+        rules: n !== null ? extractLines(text, n) : undefined,
+      });
+      throw new CommandError({ cmd: this.tools.restore, args }, r.code, r.stderr);
+    }
+  }
+
   private commit(plan: Plan): void {
     for (const [name, chains] of plan.appliedChanged) {
       if (chains === null) this.applied.delete(name);

@@ -223,6 +223,8 @@ export class NftablesDataplane implements Dataplane {
   private staleChains = new Map<string, number>();
   /** The last transaction's text, kept only with the `keepLastTransaction` option (tests, render). */
   lastTransaction = "";
+  /** The last transaction given to check(), kept only with the `keepLastTransaction` option (tests). */
+  lastCheckedTransaction = "";
 
   constructor(opts: NftablesDataplaneOptions) {
     this.opts = opts;
@@ -448,6 +450,43 @@ export class NftablesDataplane implements Dataplane {
     return { full, payloadBytes: bytes, generateMs, applyMs };
   }
 
+  /**
+   * Hands the full sync of the snapshot to `nft -c -f -` (the same operations a full sync streams, as one
+   * transaction): nothing is committed and nothing this dataplane remembers changes (written ports and
+   * elements, stale chains and their deletion times, the next sync's fullness, the NodePort addresses the
+   * syncPeriod poll compares, metrics). Lists the table as a full sync does. Rejects with nft's error when
+   * refused.
+   */
+  async check(snapshot: ProxySnapshot): Promise<void> {
+    if (snapshot.family !== this.family) {
+      throw new Error(`nftables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
+    }
+    if (this.npa === null) {
+      this.npa = newNodePortAddresses(this.family, this.opts.nodePortAddresses ?? [], snapshot.node.ips);
+      this.localhostRejects = this.localhostRejectProtocols(this.npa);
+    }
+    const cutoff = this.now() - STALE_CHAIN_DELAY_MS;
+    const due = new Set<string>();
+    for (const [chain, since] of this.staleChains) if (since <= cutoff) due.add(chain);
+    const fresh = this.renderConfig(snapshot);
+    const cfg = this.cfg === null || this.cfg.nodeIP !== fresh.nodeIP ? fresh : this.cfg;
+    const tx = this.nft.newTransaction();
+    const savedIPs = this.nodePortIPs;
+    try {
+      await this.readNodePortIPs();
+      const existing = await this.listObjects();
+      const out: FullResult = { owners: new Map(), kernel: new Map(), stale: [], deleted: [] };
+      // Nothing written ahead: the check holds the whole sync in one transaction.
+      for (const o of this.fullOps(snapshot, existing, due, out, new Set(), cfg, snapshot.serviceCIDRs)) {
+        tx.push(o);
+      }
+    } finally {
+      this.nodePortIPs = savedIPs;
+    }
+    if (this.opts.keepLastTransaction) this.lastCheckedTransaction = tx.toString();
+    await this.nft.check(tx);
+  }
+
   /** Passes the operations on, keeping each one's input line. */
   private *recorded(ops: Iterable<Operation>, lines: string[]): Generator<Operation, void, undefined> {
     for (const o of ops) {
@@ -551,14 +590,15 @@ export class NftablesDataplane implements Dataplane {
     due: Set<string>,
     out: FullResult,
     early: ReadonlySet<string>,
+    cfg: NftRenderConfig = this.cfg!,
+    serviceCIDRs: readonly string[] = this.serviceCIDRs,
   ): Generator<Operation, void, undefined> {
-    const cfg = this.cfg!;
     const setup = setupOps({
       family: this.family,
       mark: this.mark,
       nodePortsMatchAll: this.npa!.matchAll,
       nodePortIPs: this.nodePortIPs,
-      serviceCIDRs: this.serviceCIDRs,
+      serviceCIDRs,
       recreateBaseChains: !this.baseChainsRecreated,
       masqueradeAll: cfg.masqueradeAll,
       localTraffic: cfg.localTraffic,
