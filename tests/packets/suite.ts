@@ -245,12 +245,13 @@ async function runSuite(
       await sim.upsert(service({ name: "dns", clusterIP: "10.96.0.18", ports: udpPorts }));
       await sim.upsert(endpointSlice("dns", [local(a.ip)], udpPorts));
       // At the API's name limits: "namespace/name:port" is 143 bytes, longer than an nftables comment may be.
+      // Their ClusterIPs are used by no other Service of any mode's extra steps (ipvs's drain step has 10.96.0.19).
       const limitsPort = (nodePort: number) => [{ name: LIMITS_PORT, port: 80, nodePort }];
       const limitsSvc = (name: string, clusterIP: string, nodePort: number) =>
         atLimits(service({ name, clusterIP, type: "NodePort", ports: limitsPort(nodePort) }));
-      await sim.upsert(limitsSvc(LIMITS_SERVED, "10.96.0.19", 30087));
+      await sim.upsert(limitsSvc(LIMITS_SERVED, "10.96.0.23", 30087));
       await sim.upsert(atLimits(endpointSlice(LIMITS_SERVED, [local(a.ip)], limitsPort(30087))));
-      await sim.upsert(limitsSvc(LIMITS_EMPTY, "10.96.0.20", 30088));
+      await sim.upsert(limitsSvc(LIMITS_EMPTY, "10.96.0.24", 30088));
       await sim.upsert(atLimits(endpointSlice(LIMITS_EMPTY, [], limitsPort(30088))));
 
       agent = startAgent(sb, sim.kubeconfig);
@@ -297,8 +298,8 @@ async function runSuite(
           "others; a Service added afterwards is served",
         async () => {
           for (const probe of [pn, px]) {
-            assert.equal((await probe.tcp("10.96.0.19", 80)).answer?.split(" ")[0], "pod-a");
-            assert.equal((await probe.tcp("10.96.0.20", 80, { timeoutMs: 2000 })).result, "refused");
+            assert.equal((await probe.tcp("10.96.0.23", 80)).answer?.split(" ")[0], "pod-a");
+            assert.equal((await probe.tcp("10.96.0.24", 80, { timeoutMs: 2000 })).result, "refused");
           }
           assert.equal((await pc.tcp(sb.nodeIP, 30087)).answer?.split(" ")[0], "pod-a");
           assert.equal((await pc.tcp(sb.nodeIP, 30088, { timeoutMs: 2000 })).result, "refused");
@@ -310,7 +311,7 @@ async function runSuite(
             const r = await pn.tcp("10.96.0.21", 80, { timeoutMs: 300 });
             return r.answer?.startsWith("pod-b ") ? r : undefined;
           }, 5000);
-          assert.equal((await px.tcp("10.96.0.20", 80, { timeoutMs: 2000 })).result, "refused");
+          assert.equal((await px.tcp("10.96.0.24", 80, { timeoutMs: 2000 })).result, "refused");
         },
       );
 
