@@ -1,7 +1,7 @@
 /**
  * Runs test files inside a QEMU VM that has a real IPVS kernel (the host kernel has none), from a test
  * on the host. The VM is `scripts/ipvs_vm.sh`: Debian's 6.1 kernel with ip_vs, ip_set and netfilter
- * modules, iproute2, ipvsadm, ipset, iptables (legacy and nft), nft, conntrack, sysctl and choom, 1 vCPU,
+ * modules, iproute2, ipvsadm, ipset, iptables (legacy and nft), nft, conntrack, sysctl and choom, 2 vCPUs,
  * no network card. The checkout, the Deno binary and the Deno cache are shared read-only over 9p at their
  * host paths, so the files run unchanged (`deno test --no-check`: they were type-checked on the host).
  *

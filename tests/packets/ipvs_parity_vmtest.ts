@@ -30,8 +30,13 @@ const unavailable =
     kubeApiServerUnavailableReason(["kube-apiserver", "etcd", "kube-proxy"]);
 if (unavailable) console.log(`ipvs parity test skipped: ${unavailable}`);
 
-/** The VM is slow (1 vCPU, no KVM): a first sync of either proxy takes seconds there. */
-const SYNC_TIMEOUT_MS = 120_000;
+/**
+ * How long either proxy may take to reach a state in the VM (emulated CPUs, no KVM, beside kube-apiserver and
+ * etcd). It bounds upstream's first sync above all: v1.37.2's ipvs mode adds every ipset entry with its own
+ * `ipset add` exec, about a minute for the corpus in the VM (a CI run at 120 s missed it by seconds, with every
+ * object already in place). Parity itself is exact: the bound only says when to stop waiting.
+ */
+const SYNC_TIMEOUT_MS = 240_000;
 
 const OPTION: Record<string, string> = { TCP: "-t", UDP: "-u", SCTP: "--sctp-service" };
 
