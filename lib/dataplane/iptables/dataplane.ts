@@ -57,6 +57,12 @@ import {
   type ServicePortBlock,
 } from "./rules.ts";
 
+/**
+ * Service ports above which a full sync on the nft backend is slow enough to warn about (about 1,000 Services
+ * took 10 s of wall time there, 2,000 over a minute; docs/benchmarks.md, "iptables on the nft backend").
+ */
+export const NFT_BACKEND_SERVICE_PORTS_WARNING = 1000;
+
 /** Options of {@linkcode IptablesDataplane}. */
 export interface IptablesDataplaneOptions {
   family: IPFamily;
@@ -189,6 +195,8 @@ export class IptablesDataplane implements Dataplane {
   private applied = new Map<string, PortChains>();
   private needFull = true;
   private largeCluster = false;
+  /** The nft backend's scale warning was logged (once per dataplane). */
+  private warnedNftBackendScale = false;
   /** The last restore left rules in nat KUBE-SERVICES (checked by needsFullSync in small clusters). */
   private servicesChainHasRules = false;
   private nodePortIPs: string[] = [];
@@ -363,6 +371,23 @@ export class IptablesDataplane implements Dataplane {
     }
   }
 
+  /**
+   * On the nft backend, says once (before the first full sync that large) that iptables-nft-restore cannot load
+   * a large rule set in useful time: its own name lookups grow faster than the square of the payload (7 s of
+   * CPU at 1,000 Services x 10 endpoints, 51 s at 2,000; docs/benchmarks.md), for upstream alike.
+   */
+  private warnNftBackendScale(servicePorts: number): void {
+    if (this.warnedNftBackendScale || this.tools.backend !== "nft") return;
+    if (servicePorts <= NFT_BACKEND_SERVICE_PORTS_WARNING) return;
+    this.warnedNftBackendScale = true;
+    this.log.warn(
+      "iptables on the nft backend does not scale to this many service ports: iptables-nft-restore may take " +
+        "minutes to hours for a full sync; use --proxy-mode=nftables, or the legacy backend " +
+        "(docs/operations.md, Resources)",
+      { servicePorts, limit: NFT_BACKEND_SERVICE_PORTS_WARNING, restore: this.tools.restore },
+    );
+  }
+
   /** Applies the snapshot. Rejects on failure; the next sync is then full. */
   async sync(snapshot: ProxySnapshot): Promise<SyncResult> {
     if (snapshot.family !== this.family) {
@@ -392,6 +417,8 @@ export class IptablesDataplane implements Dataplane {
     // sync. With match-all nodePortAddresses nothing runs.
     await this.readNodePortIPs();
     this.lastPayload = null;
+
+    if (full) this.warnNftBackendScale(snapshot.servicePorts.size);
 
     // The payload is generated while iptables-restore reads it, one bounded chunk at a time: generation overlaps
     // the kernel's parsing and no payload-sized buffer exists.

@@ -526,3 +526,26 @@ Deno.test("bindAddress node IP (nodeIP option) wins over the Node's IP for the s
     assert.equal(selfAllow.test(restores(r)[0]), allowed, String(nodeIP));
   }
 });
+
+Deno.test("nft backend: a full sync above 1,000 service ports warns once that iptables-nft-restore does not scale; legacy and smaller syncs do not", async () => {
+  const many = (n: number) =>
+    Array.from(
+      { length: n },
+      (_, i) =>
+        makeState({ ns: "ns", name: `s${i}`, clusterIP: `172.30.${i >> 8}.${i & 255}` }, [{
+          ip: "10.1.0.9",
+        }]),
+    );
+  const warnings = () => logs.filter((l) => l.includes("iptables on the nft backend does not scale"));
+  logs.length = 0;
+  await dp(recorder(), { backend: "nft" }).sync(snapshot(many(1000)));
+  await dp(recorder(), { backend: "legacy" }).sync(snapshot(many(1001)));
+  assert.equal(warnings().length, 0, "at the limit, or on the legacy backend: no warning");
+  const d = dp(recorder(), { backend: "nft" });
+  await d.sync(snapshot(many(1001)));
+  assert.equal(warnings().length, 1);
+  assert.match(warnings()[0], /servicePorts=1001/);
+  assert.match(warnings()[0], /restore="?iptables-nft-restore/);
+  await d.sync({ ...snapshot(many(1002)), changedServices: null }); // another full sync
+  assert.equal(warnings().length, 1, "said once per dataplane");
+});
