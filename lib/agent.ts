@@ -22,6 +22,7 @@ import {
   newServiceInformer,
 } from "./kube/informer.ts";
 import { KubeConfigError } from "./kube/kubeconfig.ts";
+import { protobufWatchAccept } from "./kube/protobuf.ts";
 import type { Node } from "./kube/types.ts";
 import { log } from "./log.ts";
 import { familyOf } from "./net/ip.ts";
@@ -356,6 +357,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     resyncMs,
     useWatchList,
     cacheTransform: keepEndpointSliceIdentity,
+    // EndpointSlice events are most of the steady state's watch traffic: protobuf is ~1/3.5 of their JSON.
+    watchAccept: protobufWatchAccept(cfg.clientConnection),
   });
   slices.addEventHandler({
     onAdd: (s) => proxier.onEndpointSliceAdd(s),

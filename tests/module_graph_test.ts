@@ -34,15 +34,17 @@ Deno.test("module graph: the test-code pattern recognises fakes, test helpers an
   }
 });
 
-Deno.test("module graph: the agent's start path holds no test code and only prom-client and yaml from npm", async () => {
+Deno.test("module graph: the agent's start path holds no test code and from npm only prom-client, yaml and @bufbuild/protobuf", async () => {
   const statics = await mainModules(false);
   const files = projectFiles(statics);
   assert.ok(files.includes("lib/agent.ts"));
   assert.deepEqual(files.filter(isTestCode), []);
   assert.deepEqual(
-    statics.filter((s) => s.startsWith("npm:")).map((s) => s.replace(/^npm:\/?/, "").replace(/@[^@/]*$/, ""))
-      .sort(),
-    ["prom-client", "yaml"],
+    // npm:/name@version/subpath -> name (a scoped name keeps its leading @)
+    statics.filter((s) => s.startsWith("npm:")).map((s) =>
+      s.replace(/^npm:\/?/, "").replace(/(.)@[^@/]+(\/.*)?$/, "$1")
+    ).sort(),
+    ["@bufbuild/protobuf", "prom-client", "yaml"],
   );
 });
 

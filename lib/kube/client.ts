@@ -1,6 +1,7 @@
 /**
- * A small Kubernetes REST client on Deno's native fetch: JSON requests, paginated lists, and watches parsed
- * line by line as the body arrives (never buffering the whole stream).
+ * A small Kubernetes REST client on Deno's native fetch: JSON requests, paginated lists, and watches decoded
+ * as the body arrives (never buffering the whole stream): JSON line by line, or protobuf frame by frame where
+ * the caller's `Accept` asked for it and the server answered in it (./protobuf.ts).
  *
  * TLS goes through `Deno.createHttpClient` (CA, client certificate and key). `insecure-skip-tls-verify` has
  * no equivalent there, so that case alone uses node:https with verification off (a warning is logged); it
@@ -17,6 +18,7 @@
 
 import { log } from "../log.ts";
 import type { KubeList, KubeObject, Status, WatchEvent } from "./types.ts";
+import { decodeWatchEventMessage, FrameSplitter, PROTOBUF_MEDIA_TYPE } from "./protobuf.ts";
 import { type LoadOptions, loadRestConfig, redactURL, type RestConfig } from "./kubeconfig.ts";
 import { TokenBucket } from "./rate_limiter.ts";
 import type { ExecCredentials } from "./exec_credential.ts";
@@ -46,7 +48,10 @@ export interface KubeClientOptions {
   tokenRecheckMs?: number;
   /** Timeout of non-watch requests in ms (default 60 000). */
   requestTimeoutMs?: number;
-  /** Content types accepted (clientConnection.acceptContentTypes); only JSON is decoded. */
+  /**
+   * Content types accepted (clientConnection.acceptContentTypes); requests decode JSON, watches also protobuf for
+   * the kinds ./protobuf.ts knows (asked per watch through WatchOptions.headers).
+   */
   accept?: string;
 }
 
@@ -99,7 +104,10 @@ export interface WatchOptions {
   inactivityMs?: number;
   /** Called once the server has accepted the watch (status < 400), before the first event. */
   onOpen?: () => void;
-  /** Extra request headers (the reflector's watch-list asks for `Accept-Encoding: identity`). */
+  /**
+   * Extra request headers: the reflector's watch-list asks for `Accept-Encoding: identity`, and an `Accept` that
+   * prefers protobuf where `lib/kube/protobuf.ts` decodes the kind (the body is decoded by its Content-Type).
+   */
   headers?: Record<string, string>;
 }
 
@@ -501,8 +509,10 @@ export class KubeClient {
       opts.onOpen?.();
       if (!res.body) return;
       reader = res.body.getReader();
+      // The server answers in the first type of `Accept` it can serve (see WatchOptions.headers).
+      const protobuf = (res.headers.get("content-type") ?? "").startsWith(PROTOBUF_MEDIA_TYPE);
       try {
-        yield* decodeWatchStream<T>(reader, arm);
+        yield* protobuf ? decodeProtobufWatchStream<T>(reader, arm) : decodeWatchStream<T>(reader, arm);
       } catch (e) {
         if (inactive) throw new WatchInactivityError(inactivityMs);
         if (signal?.aborted || e instanceof WatchDecodeError) throw e;
@@ -601,6 +611,34 @@ export async function* decodeWatchStream<T>(
   }
   buf += decoder.decode();
   if (buf.trim() !== "") yield decodeEvent<T>(buf);
+}
+
+/**
+ * Decodes a protobuf watch body (`application/vnd.kubernetes.protobuf;stream=watch`: length-prefixed
+ * `WatchEvent`s, `lib/kube/protobuf.ts`) frame by frame as chunks arrive; a frame that does not decode throws
+ * WatchDecodeError, as a malformed JSON line does.
+ */
+export async function* decodeProtobufWatchStream<T>(
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  onChunk?: () => void,
+): AsyncGenerator<WatchEvent<T>> {
+  const frames = new FrameSplitter();
+  while (true) {
+    onChunk?.();
+    const chunk = await reader.read();
+    if (chunk.done) break;
+    frames.push(chunk.value);
+    const events: WatchEvent<T>[] = [];
+    try {
+      for (let f = frames.next(); f; f = frames.next()) events.push(decodeWatchEventMessage<T>(f));
+    } catch (e) {
+      throw new WatchDecodeError(`(protobuf frame) ${(e as Error).message}`, e);
+    }
+    yield* events; // decoded before yielding: a frame is a view into the splitter's buffer
+  }
+  if (frames.pending > 0) {
+    throw new WatchDecodeError(`(protobuf) ${frames.pending} bytes of an unfinished frame`);
+  }
 }
 
 /** Parses one watch line; throws WatchDecodeError if it is not `{type, object}`. */

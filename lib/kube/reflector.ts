@@ -120,6 +120,12 @@ export interface ReflectorOptions {
   name?: string;
   /** Initial state by watch-list streams (client-go's WatchListClient); default false: list + watch. */
   useWatchList?: boolean;
+  /**
+   * The `Accept` header of watches (default: the client's, JSON), e.g. `PROTOBUF_WATCH_ACCEPT` for a kind
+   * `lib/kube/protobuf.ts` decodes. Lists stay JSON, gzip-compressed and decoded item by item as they arrive
+   * (`lib/kube/list_decoder.ts`).
+   */
+  watchAccept?: string;
 }
 
 /** The annotation of the bookmark that ends a watch-list stream's initial events. */
@@ -543,7 +549,11 @@ export class Reflector<T extends KubeObject> {
       this.opts.path,
       { ...this.selectors(), ...query, allowWatchBookmarks: "true", timeoutSeconds },
       signal,
-      { inactivityMs, onOpen, headers },
+      {
+        inactivityMs,
+        onOpen,
+        headers: this.opts.watchAccept ? { Accept: this.opts.watchAccept, ...headers } : headers,
+      },
     );
   }
 
