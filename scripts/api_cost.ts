@@ -11,7 +11,9 @@
  *   --kinds ours,ours-watchlist,upstream --churn 20 --duration 60
  * ```
  *
- * Kinds: `ours` (LIST + gzip, then WATCH), `ours-watchlist` (this agent with `--feature-gates=WatchListClient=true`),
+ * Kinds: `ours` (LIST + gzip, then WATCH; EndpointSlice watches in protobuf), `ours-json` (the same with
+ * `--kube-api-content-type=application/json`: every watch JSON), `ours-watchlist` (this agent with
+ * `--feature-gates=WatchListClient=true`),
  * `upstream` (upstream kube-proxy of the reference release, its defaults: protobuf, client-go's watch-list).
  * Each agent has its own API user (a static token bound to system:node-proxier), so the audit log tells agents
  * apart. Figures:
@@ -32,8 +34,8 @@ import type { KubeObject } from "../lib/kube/types.ts";
 import { sh } from "./scale_netns.ts";
 
 /** Agent kinds the harness runs. */
-export type AgentKind = "ours" | "ours-watchlist" | "upstream";
-const KINDS: AgentKind[] = ["ours", "ours-watchlist", "upstream"];
+export type AgentKind = "ours" | "ours-json" | "ours-watchlist" | "upstream";
+const KINDS: AgentKind[] = ["ours", "ours-json", "ours-watchlist", "upstream"];
 const NS = "apicost";
 
 /** Options of {@linkcode runApiCost}. */
@@ -234,8 +236,12 @@ function agentArgs(kind: AgentKind, kubeconfig: string, node: string): string[] 
   if (kind === "upstream") {
     return [k8sBinary("kube-proxy"), ...common, "--healthz-bind-address=127.0.0.1:10256"];
   }
-  const gates = kind === "ours-watchlist" ? ["--feature-gates=WatchListClient=true"] : [];
-  return startCommand([...common, ...gates]);
+  const extra = kind === "ours-watchlist"
+    ? ["--feature-gates=WatchListClient=true"]
+    : kind === "ours-json"
+    ? ["--kube-api-content-type=application/json"]
+    : [];
+  return startCommand([...common, ...extra]);
 }
 
 /** Runs the whole measurement; returns one result per kind. */
