@@ -31,6 +31,22 @@ import type { KubeEvent } from "../../lib/kube/types.ts";
 const NODE = "node1";
 const OTHER_NODE = "node2";
 const SYNC_PERIOD_S = 5;
+/**
+ * Rules repaired "within syncPeriod": the syncPeriod poll finds the damage (at most one period) and a full sync
+ * writes the repair; the bound allows that sync almost a whole period (it took ~5 s in the IPVS VM beside a CPU
+ * hog, ~0.1 s on a host), so a repair that waited for a second poll still fails.
+ */
+const REPAIR_BOUND_MS = SYNC_PERIOD_S * 2 * 1000 - 100;
+/**
+ * How long to wait for an agent from its spawn to a synced state (first sync, a restart's sync). A bound on
+ * waiting, not a performance check: Deno's start alone took ~30 s in the IPVS VM beside a CPU hog on the host.
+ */
+const AGENT_START_MS = 120_000;
+/**
+ * How long to wait for an API change to reach the rules (the agent runs with min-sync-period 0: well under a
+ * second on a quiet host). A bound on waiting; the steps assert what the rules do, not how fast.
+ */
+const CHANGE_MS = 30_000;
 /** A namespace and Service names as long as the API allows (63 characters), and a 15-character port name. */
 const LIMITS_NS = "packets-at-the-api-name-limits-" + "n".repeat(32);
 const LIMITS_SERVED = "served-at-the-api-name-limits-" + "s".repeat(33);
@@ -132,7 +148,7 @@ async function waitServing(agent: SandboxProcess, probe: Probe): Promise<void> {
       const r = await probe.tcp("10.96.0.10", 80, { timeoutMs: 300 });
       return r.result === "ok" ? r : undefined;
     },
-    30_000,
+    AGENT_START_MS,
     200,
   ).catch((err) => {
     throw new Error(`${err.message}\nagent output:\n${agent.tail()}`);
@@ -306,11 +322,11 @@ async function runSuite(
           assert.equal((await pn.tcp("10.96.0.10", 80)).result, "ok", "an ordinary Service beside them");
           await sim!.upsert(service({ name: "late", clusterIP: "10.96.0.21" }));
           await sim!.upsert(endpointSlice("late", [local(b.ip)]));
-          // Bound: one partial sync after the two events (the agent runs with --iptables-min-sync-period=0s).
+          // Waits for one partial sync after the two events (the agent runs with --iptables-min-sync-period=0s).
           await eventually("the Service added afterwards to be served", async () => {
             const r = await pn.tcp("10.96.0.21", 80, { timeoutMs: 300 });
             return r.answer?.startsWith("pod-b ") ? r : undefined;
-          }, 5000);
+          }, CHANGE_MS);
           assert.equal((await px.tcp("10.96.0.24", 80, { timeoutMs: 2000 })).result, "refused");
         },
       );
@@ -347,7 +363,7 @@ async function runSuite(
             await eventually("NodePort 30085 to reach pod-c", async () => {
               const r = await pc.tcp(sb.nodeIP, 30085, { timeoutMs: 500 });
               return r.answer?.startsWith("pod-c ") ? r : undefined;
-            }, 5000);
+            }, CHANGE_MS);
             for (let i = 0; i < 5; i++) {
               const r = await pc.tcp(sb.nodeIP, 30085);
               assert.match(r.answer ?? JSON.stringify(r), new RegExp(`^pod-c ${clientIP}:\\d+$`));
@@ -356,7 +372,7 @@ async function runSuite(
             await eventually("NodePort 30085 to drop", async () => {
               const r = await pc.tcp(sb.nodeIP, 30085, { timeoutMs: 500 });
               return r.result === "timeout" ? r : undefined;
-            }, 5000);
+            }, CHANGE_MS);
           }
           // Still reachable inside the cluster through the ClusterIP (Cluster policy for internal traffic).
           assert.equal((await pn.tcp("10.96.0.15", 80)).answer?.split(" ")[0], "pod-c");
@@ -381,14 +397,14 @@ async function runSuite(
       await t.step("a removed endpoint is never chosen again once the change is programmed", async () => {
         await sim!.upsert(endpointSlice("web", [local(a.ip), remote(c.ip)]));
         // Waits for the condition (20 answers in a row without pod-b: the new rules are in) instead of a fixed
-        // 2 s; 15 s bounds the propagation (min-sync-period 0: it normally takes well under a second).
+        // 2 s; CHANGE_MS bounds the propagation.
         await eventually(
           "the removed endpoint to leave the rules",
           async () => {
             const seen = await hits(pn, "10.96.0.10", 80, 20);
             return seen.includes("pod-b") ? undefined : seen;
           },
-          15_000,
+          CHANGE_MS,
           100,
         );
         const got = tally(await hits(pn, "10.96.0.10", 80, 60));
@@ -404,7 +420,7 @@ async function runSuite(
         await eventually("the UDP flow to reach pod-c", async () => {
           const r = await pb.udp("10.96.0.18", 53, { localPort: 40500, timeoutMs: 300 });
           return r.answer?.startsWith("pod-c ") ? r : undefined;
-        }, 3000);
+        }, CHANGE_MS);
       });
 
       await t.step(
@@ -427,7 +443,7 @@ async function runSuite(
           assert.equal((await pc.send(held.conn!)).result, "ok", "after stop");
           agent = startAgent(sb, sim!.kubeconfig);
           // The old rules stayed in place; wait for the new agent's own first (full) sync to be written.
-          await agent.waitForOutput("SyncProxyRules complete", 30_000);
+          await agent.waitForOutput("SyncProxyRules complete", AGENT_START_MS);
           // Not a wait for a condition: the probes go on for half a second of traffic through the rules the new
           // agent wrote, so the window checked covers both sides of its first sync.
           await sleep(500);
@@ -458,7 +474,7 @@ async function runSuite(
           await eventually(
             "the flushed rules to be repaired",
             async () => (await inEffect(ctx)) ? undefined : true,
-            (SYNC_PERIOD_S + 2) * 1000,
+            REPAIR_BOUND_MS,
             200,
           );
         });
@@ -479,7 +495,7 @@ async function runSuite(
               const r = await pn.tcp("10.96.0.10", 80, { timeoutMs: 300 });
               return r.result === "ok" ? r : undefined;
             },
-            (SYNC_PERIOD_S + 2) * 1000,
+            REPAIR_BOUND_MS,
             200,
           );
           assert.equal((await pc.tcp(sb.nodeIP, 30080)).result, "ok", "NodePort after the restore");
@@ -515,7 +531,7 @@ async function runSuite(
               const r = await pn.tcp("10.96.0.46", 80, { timeoutMs: 1000 });
               return r.answer?.startsWith("pod-c ") ? r : undefined;
             },
-            30_000,
+            CHANGE_MS,
             200,
           );
           assert.deepEqual(
@@ -551,7 +567,7 @@ async function runSuite(
                 ? { want, dup }
                 : undefined;
             },
-            15_000,
+            CHANGE_MS,
             200,
           );
           assert.match(events.want[0][0].note ?? "", /metadata\.name: Invalid value: "bad\\"quote"/);
@@ -594,13 +610,13 @@ async function runSuite(
             const status = await agent!.stop(10_000);
             assert.equal(status.code, 0, agent!.tail());
             agent = startAgent(sb, sim!.kubeconfig);
-            await agent.waitForOutput("Programmed every service port but the refused ones", 30_000);
+            await agent.waitForOutput("Programmed every service port but the refused ones", AGENT_START_MS);
             // The probes go on until ten more have gone through the rules of the isolating sync.
             const seen = outcomes.length;
             await eventually(
               "probes after the isolation",
               () => Promise.resolve(outcomes.length >= seen + 10 ? true : undefined),
-              15_000,
+              CHANGE_MS, // ten probes of at most 1 s each
               50,
             );
             probing = false;
