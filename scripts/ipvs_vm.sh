@@ -22,7 +22,7 @@
 # Exit code: that of the command inside the VM; 99 when the VM reported no result, 124 on timeout.
 # Environment: DKP_TOOLS; IPVS_VM_K8S (Kubernetes binaries shared read-only when the directory exists,
 # default $DKP_TOOLS/k8s-v1.37.2); IPVS_VM_MEM (MiB, default 2048); IPVS_VM_CPUS (default 2, 1 on one core);
-# IPVS_VM_TIMEOUT (s, default 1800; the VM suite takes ~8 min on a quiet 2-core host, over 15 beside a CPU hog);
+# IPVS_VM_TIMEOUT (s, default 2400; the VM suite takes ~8 min on a quiet 2-core host, ~25 beside a CPU hog);
 # IPVS_VM_JUNIT=FILE (test: copy Deno's JUnit report there); IPVS_VM_KEEP=1 (keep the scratch dir).
 set -euo pipefail
 
@@ -36,7 +36,7 @@ self="$repo/scripts/ipvs_vm.sh"
 DKP_TOOLS=${DKP_TOOLS:-$HOME/.cache/deno-kube-proxy}
 vm_dir="$DKP_TOOLS/ipvs-vm"
 VM_MEM=${IPVS_VM_MEM:-2048}
-VM_TIMEOUT=${IPVS_VM_TIMEOUT:-1800}
+VM_TIMEOUT=${IPVS_VM_TIMEOUT:-2400}
 # Multi-threaded TCG: one vCPU per host core, at most 2 (the suite runs test files one after another, so the
 # host's cores are free while the VM runs; the VM holds kube-apiserver, etcd and two proxies at once).
 VM_CPUS=${IPVS_VM_CPUS:-$(( $(nproc) < 2 ? 1 : 2 ))}

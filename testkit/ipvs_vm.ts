@@ -43,8 +43,8 @@ export interface IpvsVmRun {
 /** Options of {@linkcode runInIpvsVm}. */
 export interface IpvsVmOptions {
   /**
-   * Limit for the VM run, from QEMU's start to its power-off. Default 30 minutes: the whole VM suite takes about
-   * 8 minutes on a quiet 2-core host and went past 15 beside `stress-ng --cpu 2` (emulated CPUs get what is left).
+   * Limit for the VM run, from QEMU's start to its power-off. Default 40 minutes: the whole VM suite takes about
+   * 8 minutes on a quiet 2-core host and about 25 beside `stress-ng --cpu 2` (emulated CPUs get what is left).
    */
   timeoutMs?: number;
   /** Called with every output line as it arrives (e.g. to echo it into the host test's log). */
@@ -158,7 +158,7 @@ export function parseDenoJUnit(xml: string): VmTestCase[] {
  */
 export async function runInIpvsVm(files: string[], opts: IpvsVmOptions = {}): Promise<IpvsVmRun> {
   if (files.length === 0) throw new Error("runInIpvsVm: no files");
-  const timeoutMs = opts.timeoutMs ?? 30 * 60_000;
+  const timeoutMs = opts.timeoutMs ?? 40 * 60_000;
   const junit = await Deno.makeTempFile({ prefix: "ipvs-vm-junit-", suffix: ".xml" });
   const started = Date.now();
   const child = new Deno.Command("bash", {
