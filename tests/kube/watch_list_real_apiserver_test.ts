@@ -36,6 +36,15 @@ for (const watchList of [true, false]) {
         extraArgs: watchList ? [] : ["--feature-gates=WatchList=false"],
       });
       for (const n of ["a", "b", "c"]) await api.create(service(n));
+      // default/kubernetes is created by the API server itself, a moment after it is ready (later on a busy host).
+      for (
+        let i = 0;
+        (await api.list({ apiVersion: "v1", kind: "Service", namespace: "default" })).length < 4;
+        i++
+      ) {
+        if (i === 300) throw new Error("default/kubernetes did not appear in 30 s");
+        await new Promise((r) => setTimeout(r, 100));
+      }
       const client = new KubeClient({
         server: api.localUrl,
         caPem: api.caPem,

@@ -41,8 +41,12 @@ export const OUR_USER = "parity-ours";
 export type Backend = "nft" | "legacy";
 /** What a node namespace's own address on the control-plane link reads as in the dumps. */
 export const CONTROL_PLANE_LINK_ADDRESS = "CONTROL-PLANE-LINK-ADDRESS";
-/** How long a difference between two synced, stable dumps may last before it counts. */
-const SETTLE_MS = 5000;
+/**
+ * How long a difference between two synced, stable dumps may last before it counts: a bound on waiting for the
+ * slower proxy to catch up (beside stress-ng --cpu 2 upstream's topology-hint rules lagged ours by over 5 s), not a
+ * check of speed. A difference that persists is still reported.
+ */
+const SETTLE_MS = 20_000;
 
 /** A local (node1) and a remote (node2) pod address per family. */
 const LOCAL4 = ["10.244.0.11", "10.244.0.12", "10.244.0.13"];
