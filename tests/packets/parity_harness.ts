@@ -43,7 +43,7 @@ export type Backend = "nft" | "legacy";
 export const CONTROL_PLANE_LINK_ADDRESS = "CONTROL-PLANE-LINK-ADDRESS";
 /**
  * How long a difference between two synced, stable dumps may last before it counts: a bound on waiting for the
- * slower proxy to catch up (beside stress-ng --cpu 2 upstream's topology-hint rules lagged ours by over 5 s), not a
+ * slower proxy to catch up (beside stress-ng --cpu 2 one Service's topology-hint rules differed for over 5 s in the first state), not a
  * check of speed. A difference that persists is still reported.
  */
 const SETTLE_MS = 20_000;
