@@ -120,20 +120,31 @@ function describeLocal(
   }
 }
 
+/** Where a packet comes from, as explain decides it when the flags leave it open. */
+export interface PacketOriginResolved {
+  /** The source (the node's first IP of the family when `--source` was left out). */
+  readonly src: string;
+  readonly from: PacketOrigin;
+  /** Why `from` was inferred ("" when given). */
+  readonly fromWhy: string;
+  /** The node's IPs of the packet's family. */
+  readonly nodeIPs: readonly string[];
+  readonly localTraffic: LocalTraffic;
+}
+
 /**
- * Explains `packet` with the snapshots and rules of a first sync.
+ * Decides the packet's source and where it enters: a node address is the node; local traffic by the
+ * detect-local mode is a pod; anything else comes from outside.
  * @throws {Error} When the sync served no family of the packet.
  */
-export function explainPacket(packet: PacketSpec, sync: FirstSync, opts: ProxyOptions): Explanation {
+export function resolveOrigin(packet: PacketSpec, sync: FirstSync, opts: ProxyOptions): PacketOriginResolved {
   const family = packet.family;
-  const snapshot = sync.snapshots.get(family);
-  if (!snapshot) {
+  if (!sync.snapshots.has(family)) {
     throw new Error(`the agent serves no ${family} here (families: ${sync.families.join(", ")})`);
   }
   const nodeIPs = sync.nodeIPs.filter((ip) => familyOf(ip) === family);
   const src = packet.source ?? nodeIPs[0] ?? (family === "IPv6" ? "::1" : "127.0.0.1");
   const localTraffic = configuredLocalTraffic(opts, sync.podCIDRs, family);
-  // Where it enters, when not said: a node address is the node; local traffic by the detector is a pod.
   let from = packet.from;
   let fromWhy = "";
   if (from === null) {
@@ -148,6 +159,17 @@ export function explainPacket(packet: PacketSpec, sync: FirstSync, opts: ProxyOp
         : ` (the source ${src} is neither a node address nor local traffic)`;
     }
   }
+  return { src, from, fromWhy, nodeIPs, localTraffic };
+}
+
+/**
+ * Explains `packet` with the snapshots and rules of a first sync.
+ * @throws {Error} When the sync served no family of the packet.
+ */
+export function explainPacket(packet: PacketSpec, sync: FirstSync, opts: ProxyOptions): Explanation {
+  const family = packet.family;
+  const { src, from, fromWhy, nodeIPs, localTraffic } = resolveOrigin(packet, sync, opts);
+  const snapshot = sync.snapshots.get(family)!;
   const [isLocalTraffic, localWhy] = describeLocal(localTraffic, src, from, packet.inInterface);
   const ctx: ExplainContext = {
     opts,

@@ -13,15 +13,26 @@ import type { FlagSet } from "../config/flag_set.ts";
 import { configureLogging } from "../log.ts";
 import type { IPFamily } from "../proxy/types.ts";
 import { type FirstSync, firstSync, RenderError } from "./engine.ts";
-import { explainPacket, formatExplanation, type PacketOrigin, parsePacket } from "./explain.ts";
+import { type CommandRunner, DenoCommandRunner } from "../exec.ts";
+import {
+  explainPacket,
+  formatExplanation,
+  type PacketOrigin,
+  parsePacket,
+  resolveOrigin,
+} from "./explain.ts";
+import { compareLive, formatLive, readLiveIptables, renderedIptables, tracePacket } from "./explain_trace.ts";
 import { checkObjects, formatProblem, type InputProblem, type ProxyInput } from "./inputs.ts";
 import { readManifests, type ReadOptions } from "./manifests.ts";
 import { NodeInputError, resolveNode } from "./node.ts";
 import { formatCommands } from "./render_output.ts";
 import { parseFieldPath } from "./schema.ts";
 
-/** Where the subcommands write and how they read stdin (tests replace them). */
-export interface SubcommandIO extends CommandIO, ReadOptions {}
+/** Where the subcommands write, how they read stdin and run programs (tests replace them). */
+export interface SubcommandIO extends CommandIO, ReadOptions {
+  /** Runs `iptables-save` for `explain --live` (default: the host's programs). */
+  runner?: CommandRunner;
+}
 
 const encoder = new TextEncoder();
 const defaultIO: SubcommandIO = {
@@ -43,6 +54,7 @@ interface ExplainFlags extends RenderFlags {
   protocol: string;
   from: string;
   inInterface: string;
+  live: boolean;
 }
 
 const RENDER_DESCRIPTION = `Prints the rules kube-proxy writes, without a cluster and without root: the
@@ -55,7 +67,9 @@ const EXPLAIN_DESCRIPTION =
   `Explains in plain words what kube-proxy does with one packet: the chain or map that
 matches it (with the mode's own names), the endpoints it can reach and with what probability, whether it is
 masqueraded and why, session affinity, and why it is rejected or dropped. Takes render's inputs plus the packet:
---source, --destination IP:PORT, --protocol, and where it enters the node (--from).`;
+--source, --destination IP:PORT, --protocol, and where it enters the node (--from). With --live (iptables mode,
+on the node, as root) it also walks the packet through the rules iptables-save reads from this node's kernel and
+says where they differ from what the agent would write now on the packet's path.`;
 
 function addRenderFlags(fs: FlagSet, f: RenderFlags): void {
   fs.stringArray(
@@ -106,6 +120,13 @@ function addExplainFlags(fs: FlagSet, f: ExplainFlags): void {
     "The interface the packet arrives on (matters for --detect-local-mode BridgeInterface and " +
       "InterfaceNamePrefix).",
   );
+  fs.bool(
+    "live",
+    () => f.live,
+    (v) => f.live = v,
+    "Also trace the packet through this node's kernel rules (iptables mode; runs iptables-save, needs root) " +
+      "and report drift from what the agent would write now.",
+  );
 }
 
 /** Runs `argv` (`render ...` or `explain ...`, without the program name); resolves with the exit code. */
@@ -119,6 +140,7 @@ export async function runSubcommand(argv: readonly string[], io: SubcommandIO = 
     protocol: "tcp",
     from: "",
     inInterface: "",
+    live: false,
   };
   const flags = name === "explain" ? explain : render;
   const sub: Subcommand = name === "explain"
@@ -206,6 +228,25 @@ export async function runSubcommand(argv: readonly string[], io: SubcommandIO = 
       return usage((err as Error).message);
     }
     io.stdout(formatExplanation(e));
+    if (explain.live) {
+      if (opts.mode !== "iptables") {
+        return usage(`--live traces the iptables mode's rules; the ${opts.mode} mode is not traced live yet`);
+      }
+      const origin = resolveOrigin(packet!, sync, opts);
+      let live;
+      try {
+        live = await readLiveIptables(io.runner ?? new DenoCommandRunner(), packet!.family);
+      } catch (err) {
+        io.stderr(`Error: reading this node's rules: ${(err as Error).message}\n`);
+        return 1;
+      }
+      const cmp = compareLive(
+        live.tables,
+        renderedIptables(sync, packet!.family),
+        tracePacket(packet!, origin.src, origin.from, origin.nodeIPs),
+      );
+      io.stdout("\n" + formatLive(cmp, live.source));
+    }
   }
   return problems.some((p) => p.severity === "error") ? 2 : 0;
 }

@@ -5,6 +5,7 @@
  */
 import { stringify } from "yaml";
 import { runSubcommand } from "../../lib/cli/run.ts";
+import type { CommandRunner } from "../../lib/exec.ts";
 import type { EndpointSlice, KubeObject, Node, Service } from "../../lib/kube/types.ts";
 import { configureLogging } from "../../lib/log.ts";
 import {
@@ -222,8 +223,11 @@ export interface CliRun {
   stderr: string;
 }
 
-/** Runs `kube-proxy <argv>` in-process with captured output; `stdin` is what `-f -` reads. */
-export async function runCli(argv: string[], stdin = ""): Promise<CliRun> {
+/**
+ * Runs `kube-proxy <argv>` in-process with captured output; `stdin` is what `-f -` reads, `runner` runs the
+ * programs `explain --live` runs (e.g. inside a network namespace).
+ */
+export async function runCli(argv: string[], stdin = "", runner?: CommandRunner): Promise<CliRun> {
   let stdout = "", stderr = "";
   try {
     const code = await runSubcommand(argv, {
@@ -231,6 +235,7 @@ export async function runCli(argv: string[], stdin = ""): Promise<CliRun> {
       stderr: (s) => stderr += s,
       hostname: () => "machine-hostname",
       readStdin: () => Promise.resolve(stdin),
+      runner,
     });
     return { code, stdout, stderr };
   } finally {

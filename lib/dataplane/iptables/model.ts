@@ -68,6 +68,11 @@ export function isBuiltinChain(table: string, chain: string): boolean {
   return BUILTIN_CHAINS[table]?.includes(chain) ?? false;
 }
 
+/** Joins words back into a rule line, quoting those with spaces or quotes as `iptables-save` does. */
+export function joinWords(words: readonly string[]): string {
+  return words.map((w) => /[\s"]/.test(w) || w === "" ? `"${w.replaceAll('"', '\\"')}"` : w).join(" ");
+}
+
 /** Splits a rule line into words as the shell would (double quotes, `\"` inside them). */
 export function splitWords(line: string): string[] {
   const out: string[] = [];
@@ -110,7 +115,7 @@ const SHORT: Readonly<Record<string, string>> = {
 };
 
 /** Parses the words of a rule after `-A CHAIN` (or `-I CHAIN [n]`). */
-export function parseRule(chain: string, words: readonly string[], text = words.join(" ")): IptRule {
+export function parseRule(chain: string, words: readonly string[], text = joinWords(words)): IptRule {
   const builtin: IptOption[] = [];
   const modules: { module: string; options: IptOption[] }[] = [];
   let target: string | null = null;
@@ -335,7 +340,7 @@ export class IptablesTables {
       }
       if (!c) throw new IptablesParseError(`chain ${chainName} does not exist in ${tableName}: ${line}`);
       if (op === "-A" || op === "--append") {
-        c.rules.push(parseRule(chainName, words.slice(2), words.slice(2).join(" ")));
+        c.rules.push(parseRule(chainName, words.slice(2)));
       } else if (op === "-I" || op === "--insert") {
         const n = /^\d+$/.test(words[2] ?? "") ? Number(words[2]) : 1;
         const rest = words.slice(/^\d+$/.test(words[2] ?? "") ? 3 : 2);
