@@ -8,7 +8,7 @@
  * 1 when the configuration is invalid (as the agent) or the sync fails.
  * @module
  */
-import { type CommandIO, parseCommandLine, type Subcommand } from "../config/command.ts";
+import { type CommandIO, parseCommandLine, type ProxyOptions, type Subcommand } from "../config/command.ts";
 import type { FlagSet } from "../config/flag_set.ts";
 import { configureLogging } from "../log.ts";
 import type { IPFamily } from "../proxy/types.ts";
@@ -16,11 +16,14 @@ import { type FirstSync, firstSync, RenderError } from "./engine.ts";
 import { type CommandRunner, DenoCommandRunner } from "../exec.ts";
 import {
   explainPacket,
+  type Explanation,
   formatExplanation,
   type PacketOrigin,
+  type PacketSpec,
   parsePacket,
   resolveOrigin,
 } from "./explain.ts";
+import { compareLiveNftables, formatLiveNftables } from "./explain_live_nftables.ts";
 import { compareLive, formatLive, readLiveIptables, renderedIptables, tracePacket } from "./explain_trace.ts";
 import { checkObjects, formatProblem, type InputProblem, type ProxyInput } from "./inputs.ts";
 import { readManifests, type ReadOptions } from "./manifests.ts";
@@ -67,9 +70,10 @@ const EXPLAIN_DESCRIPTION =
   `Explains in plain words what kube-proxy does with one packet: the chain or map that
 matches it (with the mode's own names), the endpoints it can reach and with what probability, whether it is
 masqueraded and why, session affinity, and why it is rejected or dropped. Takes render's inputs plus the packet:
---source, --destination IP:PORT, --protocol, and where it enters the node (--from). With --live (iptables mode,
-on the node, as root) it also walks the packet through the rules iptables-save reads from this node's kernel and
-says where they differ from what the agent would write now on the packet's path.`;
+--source, --destination IP:PORT, --protocol, and where it enters the node (--from). With --live (on the node, as
+root) it also reads this node's rules and says where they differ from what the agent would write now on the
+packet's path: in the iptables mode it walks the packet through the rules iptables-save reads; in the nftables
+mode it compares the objects of the path in nft list table.`;
 
 function addRenderFlags(fs: FlagSet, f: RenderFlags): void {
   fs.stringArray(
@@ -124,8 +128,8 @@ function addExplainFlags(fs: FlagSet, f: ExplainFlags): void {
     "live",
     () => f.live,
     (v) => f.live = v,
-    "Also trace the packet through this node's kernel rules (iptables mode; runs iptables-save, needs root) " +
-      "and report drift from what the agent would write now.",
+    "Also read this node's rules (iptables: iptables-save, the packet traced through them; nftables: nft list " +
+      "table, the path's objects compared; needs root) and report drift from what the agent would write now.",
   );
 }
 
@@ -229,26 +233,46 @@ export async function runSubcommand(argv: readonly string[], io: SubcommandIO = 
     }
     io.stdout(formatExplanation(e));
     if (explain.live) {
-      if (opts.mode !== "iptables") {
-        return usage(`--live traces the iptables mode's rules; the ${opts.mode} mode is not traced live yet`);
+      if (opts.mode === "ipvs") {
+        return usage("--live is not built for the ipvs mode yet (iptables and nftables only)");
       }
-      const origin = resolveOrigin(packet!, sync, opts);
-      let live;
       try {
-        live = await readLiveIptables(io.runner ?? new DenoCommandRunner(), packet!.family);
+        io.stdout("\n" + await explainLive(packet!, sync, opts, e, io.runner ?? new DenoCommandRunner()));
       } catch (err) {
         io.stderr(`Error: reading this node's rules: ${(err as Error).message}\n`);
         return 1;
       }
-      const cmp = compareLive(
-        live.tables,
-        renderedIptables(sync, packet!.family),
-        tracePacket(packet!, origin.src, origin.from, origin.nodeIPs),
-      );
-      io.stdout("\n" + formatLive(cmp, live.source));
     }
   }
   return problems.some((p) => p.severity === "error") ? 2 : 0;
+}
+
+/** `explain --live`: the node's rules for the packet (iptables: traced; nftables: compared on its path). */
+async function explainLive(
+  packet: PacketSpec,
+  sync: FirstSync,
+  opts: ProxyOptions,
+  e: Explanation,
+  runner: CommandRunner,
+): Promise<string> {
+  if (opts.mode === "nftables") {
+    const tx = sync.commands.find((c) => c.cmd === "nft" && c.family === packet.family)?.stdin ?? "";
+    const names = [...e.steps.flatMap((s) => s.names), ...e.endpoints.map((x) => x.via)];
+    const cmp = await compareLiveNftables(runner, packet.family, tx, names, {
+      dst: packet.destination,
+      port: packet.port,
+      proto: packet.protocol.toLowerCase(),
+    });
+    return formatLiveNftables(cmp, packet.family);
+  }
+  const origin = resolveOrigin(packet, sync, opts);
+  const live = await readLiveIptables(runner, packet.family);
+  const cmp = compareLive(
+    live.tables,
+    renderedIptables(sync, packet.family),
+    tracePacket(packet, origin.src, origin.from, origin.nodeIPs),
+  );
+  return formatLive(cmp, live.source);
 }
 
 function report(io: CommandIO, problems: readonly InputProblem[]): void {
