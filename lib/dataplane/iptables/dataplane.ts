@@ -13,13 +13,16 @@
  *   rules as upstream's EnsureRule loop does on each full sync; it also finds leftovers of an earlier run.
  * - With CIDR nodePortAddresses the node's addresses (`ip -j addr show`) are read on every sync, as upstream
  *   reads them on every sync; the default match-all setting runs nothing.
+ *
+ * The options and render settings are in settings.ts, the payload's plan and stream in restore_payload.ts, the
+ * `iptables-save` scan and kubelet's jumps in kernel_scan.ts, the nft backend's scale warning in
+ * nft_scale_warning.ts.
  * @module
  */
 
 import type { CommandRunner } from "../../exec.ts";
 import { CommandError } from "../../exec.ts";
 import { log as rootLog, type Logger } from "../../log.ts";
-import { ensureSysctl, readSysctl } from "../../sysctl.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, SyncResult } from "../../proxy/types.ts";
 import {
   iptablesPartialRestoreFailuresTotal,
@@ -27,146 +30,29 @@ import {
   iptablesRulesLastSync,
   iptablesRulesTotal,
 } from "../../metrics.ts";
-import { type IptablesBackend, type IptablesTools, iptablesTools } from "../iptables_backend.ts";
-import { chainNames, isServiceChainName, type PortChains, removedChainNames } from "./chain_names.ts";
-import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED, NfacctCounters } from "./nfacct.ts";
-import { hasJump, missingJumpLines, SavedTableReader } from "../iptables_jumps.ts";
-import { ChunkWriter, collectChunks, DEFAULT_CHUNK_BYTES, extractLines, SectionCache } from "../payload.ts";
-import { sameRenderedState } from "../../proxy/state_equality.ts";
-import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
+import { type IptablesTools, iptablesTools } from "../iptables_backend.ts";
+import type { PortChains } from "./chain_names.ts";
+import { NfacctCounters } from "./nfacct.ts";
+import { collectChunks, DEFAULT_CHUNK_BYTES, extractLines, SectionCache } from "../payload.ts";
+import { familyNodeIP, type NodePortAddresses, nodePortIPs } from "../../net/node_addresses.ts";
+import { LARGE_CLUSTER_ENDPOINTS_THRESHOLD, type RenderConfig, type ServicePortBlock } from "./rules.ts";
+import { KUBE_PROXY_CANARY } from "./static_rules.ts";
+import { ensureCounters, initialSettings, type IptablesDataplaneOptions } from "./settings.ts";
+import { ensureKubeletJumps, type ScanResult, scanTables } from "./kernel_scan.ts";
+import { NftBackendScaleWarning } from "./nft_scale_warning.ts";
 import {
-  familyNodeIP,
-  newNodePortAddresses,
-  type NodePortAddresses,
-  nodePortIPs,
-} from "../../net/node_addresses.ts";
-import {
-  filterHeadRules,
-  filterTailRules,
-  JUMP_RULES,
-  type JumpRule,
-  KUBE_PROXY_CANARY,
-  KUBELET_JUMP_RULES,
-  LARGE_CLUSTER_ENDPOINTS_THRESHOLD,
-  masqueradeMark,
-  natHeadRules,
-  nodePortsTailRules,
-  renderChainRules,
-  type RenderConfig,
-  renderServicePort,
-  type ServicePortBlock,
-} from "./rules.ts";
+  type BuiltPayload,
+  failedLine,
+  newPlan,
+  Payload,
+  type Plan,
+  streamPayload,
+  timed,
+} from "./restore_payload.ts";
 
-/**
- * Service ports above which a full sync on the nft backend is slow enough to warn about (about 1,000 Services
- * took 10 s of wall time there, 2,000 over a minute; docs/benchmarks.md, "iptables on the nft backend").
- */
-export const NFT_BACKEND_SERVICE_PORTS_WARNING = 1000;
-
-/** Options of {@linkcode IptablesDataplane}. */
-export interface IptablesDataplaneOptions {
-  family: IPFamily;
-  /** Spawns iptables-restore, iptables-save, sysctl and ip. */
-  runner: CommandRunner;
-  /** Default 14 (mark 0x00004000). */
-  masqueradeBit?: number;
-  /** Masquerade all ClusterIP traffic. Default false. */
-  masqueradeAll?: boolean;
-  /** Default: no-op (no off-cluster masquerade, no pod short-circuit rule). */
-  localDetector?: LocalTrafficDetector;
-  /** CIDRs and/or `primary`; empty (default) accepts NodePorts on every local address. */
-  nodePortAddresses?: readonly string[];
-  /** `iptables.localhostNodePorts`, default true (IPv4 only; sets route_localnet). */
-  localhostNodePorts?: boolean;
-  /** Default 30 000. Reserved for periodic leftover scans in large clusters. */
-  syncPeriodMs?: number;
-  /** Backend or explicit tool names; default `system` (plain `iptables-restore`). */
-  backend?: IptablesBackend | IptablesTools;
-  /** Append `--random-fully` to MASQUERADE (iptables ≥ 1.6.2). Default true. */
-  randomFully?: boolean;
-  /** Skip reading `net.netfilter.nf_conntrack_tcp_be_liberal` and use this value. */
-  conntrackTCPBeLiberal?: boolean;
-  /** Node IPs to use instead of `ip -j addr show` when nodePortAddresses do not match all (tests). */
-  nodeAddresses?: readonly string[];
-  /**
-   * This family's node IP as upstream's detectNodeIPs picks it: a non-wildcard bindAddress of this family wins
-   * over the Node object's IPs. Used for the loadBalancerSourceRanges self-allow (`-s <lbIP>` in KUBE-FW when a
-   * source range contains the node IP). When unset (or of the other family), `snapshot.node.ips[0]` is used.
-   */
-  nodeIP?: string;
-  /** Bytes per chunk streamed to iptables-restore's stdin (default 256 KiB). */
-  chunkBytes?: number;
-  logger?: Logger;
-  /**
-   * The node's nfacct counters (default: through the `nfacct` program with `runner`); null to write rules
-   * without counters, as upstream does where nfacct is unavailable.
-   */
-  nfacct?: NfacctCounters | null;
-}
-
-const decoder = new TextDecoder();
-
-/** Parses iptables-restore's "line N failed" / "line N: ..." error. */
-export function failedLine(stderr: string): number | null {
-  const m = stderr.match(/line (\d+)/);
-  return m ? Number(m[1]) : null;
-}
-
-/** What an `iptables-save` scan found. */
-interface ScanResult {
-  chains: { filter: Set<string>; nat: Set<string> };
-  missingJumps: { filter: string; nat: string };
-  /**
-   * kubelet's KUBE-FIREWALL jumps missing while the payload does not own KUBE-FIREWALL (no localhost NodePorts):
-   * ensured with plain iptables calls after the restore, as upstream's EnsureChain/EnsureRule do.
-   */
-  missingKubeletJumps: JumpRule[];
-}
-
-/** The payload of one sync, kept for tests and error messages. */
-export interface BuiltPayload {
-  /** The payload as handed to iptables-restore (rendered again from the sync's plan on first use). */
-  readonly bytes: Uint8Array;
-  /** The payload as text. */
-  readonly text: string;
-  readonly full: boolean;
-  /** Chains deleted by this payload. */
-  readonly deleted: readonly string[];
-}
-
-/** A payload re-rendered on demand from its plan (the same bytes as were streamed). */
-class Payload implements BuiltPayload {
-  #bytes: Uint8Array | null = null;
-  #text: string | null = null;
-  constructor(private readonly plan: Plan, private readonly render: (p: Plan) => Iterable<Uint8Array>) {}
-
-  get full(): boolean {
-    return this.plan.full;
-  }
-
-  get deleted(): readonly string[] {
-    return this.plan.deleted;
-  }
-
-  get bytes(): Uint8Array {
-    return this.#bytes ??= collectChunks(this.render(this.plan));
-  }
-
-  get text(): string {
-    return this.#text ??= decoder.decode(this.bytes);
-  }
-}
-
-/** Sums the time spent producing each chunk (the generation share of a streamed sync). */
-function* timed(gen: Iterator<Uint8Array>, acc: { ms: number }): Generator<Uint8Array, void, undefined> {
-  for (;;) {
-    const t = performance.now();
-    const r = gen.next();
-    acc.ms += performance.now() - t;
-    if (r.done) return;
-    yield r.value;
-  }
-}
+export type { IptablesDataplaneOptions } from "./settings.ts";
+export { type BuiltPayload, failedLine } from "./restore_payload.ts";
+export { NFT_BACKEND_SERVICE_PORTS_WARNING } from "./nft_scale_warning.ts";
 
 /** iptables dataplane for one IP family. */
 export class IptablesDataplane implements Dataplane {
@@ -195,8 +81,8 @@ export class IptablesDataplane implements Dataplane {
   private applied = new Map<string, PortChains>();
   private needFull = true;
   private largeCluster = false;
-  /** The nft backend's scale warning was logged (once per dataplane). */
-  private warnedNftBackendScale = false;
+  /** The nft backend's scale warning (once per dataplane). */
+  private readonly nftScaleWarning: NftBackendScaleWarning;
   /** The last restore left rules in nat KUBE-SERVICES (checked by needsFullSync in small clusters). */
   private servicesChainHasRules = false;
   private nodePortIPs: string[] = [];
@@ -215,6 +101,7 @@ export class IptablesDataplane implements Dataplane {
     this.randomFully = opts.randomFully ?? true;
     this.nfacct = opts.nfacct === undefined ? new NfacctCounters(this.runner, this.log) : opts.nfacct;
     this.chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
+    this.nftScaleWarning = new NftBackendScaleWarning(this.tools, this.log);
   }
 
   /** v1.37 (#138571): in large-cluster mode (> 1000 endpoints at the last sync) no hourly full resync. */
@@ -256,50 +143,19 @@ export class IptablesDataplane implements Dataplane {
     return true;
   }
 
-  /** First-sync setup: sysctls and settings that need the node's IPs. */
+  /** First-sync setup: sysctls and settings that need the node's IPs (see {@linkcode initialSettings}). */
   private async init(snapshot: ProxySnapshot): Promise<void> {
-    const o = this.opts;
-    this.npa = newNodePortAddresses(this.family, this.npaEntries, snapshot.node.ips);
-    const localhostNodePorts = (o.localhostNodePorts ?? true) && this.family === "IPv4" &&
-      this.npa.containsIPv4Loopback;
-    if (localhostNodePorts) {
-      // Upstream logs and goes on: localhost NodePorts then do not work, everything else does.
-      await ensureSysctl(this.runner, "net.ipv4.conf.all.route_localnet", 1, this.log);
-    }
-    if (o.conntrackTCPBeLiberal !== undefined) {
-      this.conntrackLiberal = o.conntrackTCPBeLiberal;
-    } else {
-      this.conntrackLiberal =
-        (await readSysctl(this.runner, "net.netfilter.nf_conntrack_tcp_be_liberal")) === "1";
-      if (this.conntrackLiberal) {
-        this.log.info("nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets");
-      }
-    }
-    this.cfg = {
-      family: this.family,
-      mark: masqueradeMark(o.masqueradeBit ?? 14),
-      masqueradeAll: o.masqueradeAll ?? false,
-      localDetector: o.localDetector ?? noOpLocalDetector,
-      localhostNodePorts,
-      nodeIP: this.nodeIPOf(snapshot),
-      nfacctInvalidDrop: false,
-      nfacctLocalhostNodePorts: false,
-    };
+    const ctx = { family: this.family, runner: this.runner, log: this.log, npaEntries: this.npaEntries };
+    const init = await initialSettings(this.opts, ctx, snapshot.node.ips, this.nodeIPOf(snapshot));
+    this.npa = init.npa;
+    this.conntrackLiberal = init.conntrackLiberal;
+    this.cfg = init.cfg;
     this.initialized = true;
   }
 
-  /**
-   * Ensures the nfacct counters, as upstream does on every full sync; returns the settings with what is usable
-   * now (the same object when nothing changed).
-   */
-  private async ensureCounters(cfg: RenderConfig): Promise<RenderConfig> {
-    const nfacct = this.nfacct;
-    const invalid = nfacct !== null && !this.conntrackLiberal &&
-      await nfacct.ensure(CT_STATE_INVALID_DROPPED);
-    const localhost = nfacct !== null && cfg.localhostNodePorts &&
-      await nfacct.ensure(LOCALHOST_NODEPORTS_ACCEPTED);
-    if (invalid === cfg.nfacctInvalidDrop && localhost === cfg.nfacctLocalhostNodePorts) return cfg;
-    return { ...cfg, nfacctInvalidDrop: invalid, nfacctLocalhostNodePorts: localhost };
+  /** Ensures the nfacct counters (see {@linkcode ensureCounters}). */
+  private ensureCounters(cfg: RenderConfig): Promise<RenderConfig> {
+    return ensureCounters(this.nfacct, this.conntrackLiberal, cfg);
   }
 
   /** The node IP for the source-range self-allow: the `nodeIP` option (bindAddress) wins over the Node's IPs. */
@@ -313,79 +169,9 @@ export class IptablesDataplane implements Dataplane {
     this.nodePortIPs = ips;
   }
 
-  /** One iptables-save per table: existing chains (leftovers) and which jump rules are missing. */
-  private async scan(): Promise<ScanResult> {
-    const res: ScanResult = {
-      chains: { filter: new Set(), nat: new Set() },
-      missingJumps: { filter: "", nat: "" },
-      missingKubeletJumps: [],
-    };
-    // Upstream ensures kubelet's KUBE-FIREWALL jumps on every full sync in both families, whatever
-    // localhostNodePorts says (only the chain's "block incoming localnet connections" rule depends on it). When
-    // the payload declares KUBE-FIREWALL (localhost NodePorts on) the jumps go into the payload with the others;
-    // otherwise the payload must not declare the chain (that would flush kubelet's rules in it), so they are
-    // ensured with separate calls after the restore (see ensureKubeletJumps).
-    const ownsKubeletChain = this.cfg!.localhostNodePorts;
-    const jumps = [...JUMP_RULES, ...(ownsKubeletChain ? KUBELET_JUMP_RULES : [])];
-    for (const table of ["filter", "nat"] as const) {
-      const saved = new SavedTableReader();
-      await this.runner.run({
-        cmd: this.tools.save,
-        args: ["-t", table],
-        timeoutMs: 120_000,
-        stdoutLines: saved.line,
-      });
-      for (const c of saved.chains) res.chains[table].add(c);
-      res.missingJumps[table] = missingJumpLines(saved, table, jumps);
-      if (table === "filter" && !ownsKubeletChain) {
-        for (const j of KUBELET_JUMP_RULES) if (!hasJump(saved, j)) res.missingKubeletJumps.push(j);
-      }
-    }
-    return res;
-  }
-
-  /**
-   * Upstream's EnsureChain(filter, KUBE-FIREWALL) + EnsureRule(Prepend, INPUT/OUTPUT, -j KUBE-FIREWALL) when the
-   * payload does not own the chain. Runs after the restore so that, as upstream's loop (kube-proxy's jumps first,
-   * then kubelet's, each prepended) leaves them, the KUBE-FIREWALL jumps end up first. A failure is logged and
-   * the next sync is made full, which retries.
-   */
-  private async ensureKubeletJumps(scan: ScanResult): Promise<void> {
-    const missing = scan.missingKubeletJumps;
-    if (missing.length === 0) return;
-    const chain = missing[0].to;
-    const calls: string[][] = [];
-    if (!scan.chains.filter.has(chain)) calls.push(["-w", "5", "-t", "filter", "-N", chain]);
-    for (const j of missing) calls.push(["-w", "5", "-t", "filter", "-I", j.from, "1", "-j", j.to]);
-    for (const args of calls) {
-      const r = await this.runner.tryRun({ cmd: this.tools.iptables, args, timeoutMs: 15_000 });
-      // "-N" of a chain kubelet created meanwhile fails with "Chain already exists": that is fine.
-      if (r.code !== 0 && !(args.includes("-N") && /already exists/i.test(r.stderr))) {
-        this.log.error("Failed to ensure chain jumps", r.stderr.trim(), {
-          table: "filter",
-          args: args.join(" "),
-        });
-        this.needFull = true;
-        return;
-      }
-    }
-  }
-
-  /**
-   * On the nft backend, says once (before the first full sync that large) that iptables-nft-restore cannot load
-   * a large rule set in useful time: its own name lookups grow faster than the square of the payload (7 s of
-   * CPU at 1,000 Services x 10 endpoints, 51 s at 2,000; docs/benchmarks.md), for upstream alike.
-   */
-  private warnNftBackendScale(servicePorts: number): void {
-    if (this.warnedNftBackendScale || this.tools.backend !== "nft") return;
-    if (servicePorts <= NFT_BACKEND_SERVICE_PORTS_WARNING) return;
-    this.warnedNftBackendScale = true;
-    this.log.warn(
-      "iptables on the nft backend does not scale to this many service ports: iptables-nft-restore may take " +
-        "minutes to hours for a full sync; use --proxy-mode=nftables, or the legacy backend " +
-        "(docs/operations.md, Resources)",
-      { servicePorts, limit: NFT_BACKEND_SERVICE_PORTS_WARNING, restore: this.tools.restore },
-    );
+  /** One iptables-save per table (see {@linkcode scanTables}). */
+  private scan(): Promise<ScanResult> {
+    return scanTables(this.runner, this.tools, this.cfg!.localhostNodePorts);
   }
 
   /** Applies the snapshot. Rejects on failure; the next sync is then full. */
@@ -418,7 +204,7 @@ export class IptablesDataplane implements Dataplane {
     await this.readNodePortIPs();
     this.lastPayload = null;
 
-    if (full) this.warnNftBackendScale(snapshot.servicePorts.size);
+    if (full) this.nftScaleWarning.check(snapshot.servicePorts.size);
 
     // The payload is generated while iptables-restore reads it, one bounded chunk at a time: generation overlaps
     // the kernel's parsing and no payload-sized buffer exists.
@@ -449,7 +235,7 @@ export class IptablesDataplane implements Dataplane {
     }
     const applyMs = performance.now() - tApply;
     const generateMs = genTime.ms;
-    const last = new Payload(plan, (p) => this.replay(p));
+    const last = new Payload(plan, this.chunkBytes);
     this.lastPayload = last;
     if (r.code !== 0) {
       const n = failedLine(r.stderr);
@@ -467,7 +253,7 @@ export class IptablesDataplane implements Dataplane {
     this.servicesChainHasRules = plan.servicesChainHasRules;
     this.needFull = false;
     this.everSynced = true;
-    if (scan) await this.ensureKubeletJumps(scan);
+    if (scan && !(await ensureKubeletJumps(this.runner, this.tools, this.log, scan))) this.needFull = true;
     iptablesRulesLastSync.set({ ip_family: this.family, table: "filter" }, plan.filterRules);
     iptablesRulesTotal.set({ ip_family: this.family, table: "filter" }, plan.filterRules);
     iptablesRulesLastSync.set({ ip_family: this.family, table: "nat" }, plan.natRulesWritten);
@@ -526,7 +312,7 @@ export class IptablesDataplane implements Dataplane {
     }
     if (r.code !== 0) {
       const n = failedLine(r.stderr);
-      const text = n !== null ? new Payload(plan, (p) => this.replay(p)).text : "";
+      const text = n !== null ? new Payload(plan, this.chunkBytes).text : "";
       this.log.v(2).info("iptables-restore --test refused the payload", {
         stderr: r.stderr.trim(),
         rules: n !== null ? extractLines(text, n) : undefined,
@@ -551,218 +337,28 @@ export class IptablesDataplane implements Dataplane {
     if (this.streaming) throw new Error("buildPayload while a sync is streaming its payload");
     const plan = this.newPlan(snapshot, this.cfg, full, null);
     const bytes = collectChunks(this.stream(snapshot, plan));
-    const p = new Payload(plan, (q) => this.replay(q));
+    const p = new Payload(plan, this.chunkBytes);
     Object.defineProperty(p, "bytes", { value: bytes });
     return p;
   }
 
   private newPlan(snapshot: ProxySnapshot, cfg: RenderConfig, full: boolean, scan: ScanResult | null): Plan {
-    // Static parts (chain lines first: a rule may only jump to a declared chain).
-    let head = "*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n" +
-      ":KUBE-NODEPORTS - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n";
-    const fHead = filterHeadRules(cfg);
-    if (fHead) head += ":KUBE-FIREWALL - [0:0]\n";
-    if (full) head += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
-    head += fHead;
-    const fTail = filterTailRules(cfg, this.conntrackLiberal);
-    let natHead =
-      "COMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n" +
-      ":KUBE-MARK-MASQ - [0:0]\n";
-    if (full) natHead += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
-    const nHead = natHeadRules(cfg, this.randomFully);
-    const tail = nodePortsTailRules(cfg, this.npa!.matchAll, this.nodePortIPs);
-    const countLines = (s: string) => {
-      let n = 0;
-      for (let i = s.indexOf("\n"); i >= 0; i = s.indexOf("\n", i + 1)) n++;
-      return n;
-    };
-    return {
-      full,
-      cfg,
-      changed: full ? null : snapshot.changedServices,
-      scan,
-      head,
-      fTail: fTail + (scan ? scan.missingJumps.filter : ""),
-      natHead,
-      nHead,
-      tail,
-      jn: scan ? scan.missingJumps.nat : "",
-      mangle: full ? `*mangle\n:${KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n` : "",
-      staticFilter: countLines(fHead) + countLines(fTail),
-      staticNat: countLines(nHead) + countLines(tail),
-      order: [],
-      written: [],
-      deleted: [],
-      appliedChanged: new Map(),
-      dispatch: "",
-      bytes: 0,
-      filterRules: 0,
-      natRulesWritten: 0,
-      natRulesTotal: 0,
-      servicesChainHasRules: false,
-    };
+    return newPlan(snapshot, cfg, full, scan, {
+      conntrackLiberal: this.conntrackLiberal,
+      randomFully: this.randomFully,
+      nodePortsMatchAll: this.npa!.matchAll,
+      nodePortIPs: this.nodePortIPs,
+    });
   }
 
-  /**
-   * Plans and streams one payload. The first pass over the snapshot (cache look-ups, re-rendering changed
-   * ports, which ports' chains to write, chains to delete by comparing with what was written last) streams the
-   * filter section as it goes; then the nat table: declarations (from the blocks' chain names), the cached
-   * dispatch section, and the written ports' chain rules, rendered one port at a time into the stream.
-   * Per-sync work for an unchanged port is a map look-up and an identity check.
-   */
-  private *stream(snapshot: ProxySnapshot, p: Plan): Generator<Uint8Array, void, undefined> {
-    const cfg = p.cfg;
-    const changed = p.changed;
-    const full = p.full;
-    const largeCluster = this.largeCluster;
-    const blocks = this.blocks;
-    const applied = this.applied;
-    const dispatchSec = this.dispatchSection;
-    dispatchSec.begin();
-    const w = new ChunkWriter(this.chunkBytes);
-    let filterRules = 0, dispatchRules = 0;
-    let appliedSeen = 0;
-
-    yield* w.text(p.head);
-    for (const [name, st] of snapshot.servicePorts) {
-      let b = blocks.get(name);
-      let rendered = false;
-      if (b === undefined || b.state !== st) {
-        if (b !== undefined && sameRenderedState(b.state, st)) b.state = st;
-        else {
-          const nb = renderServicePort(st, cfg, largeCluster, b);
-          if (b !== undefined) {
-            // Keep the old dispatch/filter views when their bytes did not change (an endpoint change), so
-            // that the cached section concatenation stays valid.
-            if (b.dispatch === nb.dispatch) nb.dispatch = b.dispatch;
-            if (b.filter === nb.filter) nb.filter = b.filter;
-          }
-          b = nb;
-          rendered = true;
-          blocks.set(name, b);
-        }
-      }
-      p.order.push(b);
-      yield* w.text(b.filter);
-      dispatchSec.push(b.dispatch);
-      filterRules += b.filterRuleCount;
-      dispatchRules += b.dispatchRuleCount;
-      if (full || rendered || changed!.has(st.info.serviceKey)) {
-        p.written.push(b);
-        const old = applied.get(name);
-        if (old !== undefined) appliedSeen++;
-        if (old !== b.chains) {
-          if (old !== undefined) removedChainNames(old, b.chains, p.deleted);
-          p.appliedChanged.set(name, b.chains);
-        }
-      }
-    }
-    // Ports that disappeared (blocks hold every snapshot port, so extra blocks mean removals; on a full sync
-    // every written port was looked up in `applied`, so a count mismatch means removals too).
-    const n = snapshot.servicePorts.size;
-    if (blocks.size > n || applied.size > n || (full && appliedSeen !== applied.size)) {
-      for (const name of [...blocks.keys()]) {
-        if (!snapshot.servicePorts.has(name)) blocks.delete(name);
-      }
-      for (const [name, chains] of applied) {
-        if (!snapshot.servicePorts.has(name)) {
-          p.deleted.push(...chainNames(chains));
-          p.appliedChanged.set(name, null);
-        }
-      }
-    }
-    if (p.scan) {
-      // Leftovers found by iptables-save (start, or after a failure): anything of ours not written now.
-      const active = new Set<string>(p.deleted);
-      for (const b of blocks.values()) for (const c of chainNames(b.chains)) active.add(c);
-      for (const c of p.scan.chains.nat) {
-        if (!active.has(c) && isServiceChainName(c)) {
-          active.add(c);
-          p.deleted.push(c);
-        }
-      }
-    }
-    p.dispatch = dispatchSec.text();
-    yield* this.emitNat(w, p);
-
-    let chainRulesWritten = 0, chainRulesAll = 0;
-    for (const b of p.written) chainRulesWritten += b.chainRuleCount;
-    for (const b of p.order) {
-      if (b.chainRuleCount < 0) renderChainRules(b, cfg); // never written yet (not expected): count it
-      chainRulesAll += b.chainRuleCount;
-    }
-    p.bytes = w.total;
-    p.filterRules = p.staticFilter + filterRules;
-    p.natRulesWritten = p.staticNat + dispatchRules + chainRulesWritten;
-    p.natRulesTotal = p.staticNat + dispatchRules + chainRulesAll;
-    p.servicesChainHasRules = dispatchRules > 0 || p.tail.includes("-A KUBE-SERVICES ");
+  /** Plans and streams one payload from the render cache (see {@linkcode streamPayload}). */
+  private stream(snapshot: ProxySnapshot, p: Plan): Generator<Uint8Array, void, undefined> {
+    return streamPayload(snapshot, p, {
+      blocks: this.blocks,
+      dispatchSection: this.dispatchSection,
+      applied: this.applied,
+      largeCluster: this.largeCluster,
+      chunkBytes: this.chunkBytes,
+    });
   }
-
-  /** Everything after the filter section: the nat table and the mangle canary. */
-  private *emitNat(w: ChunkWriter, p: Plan): Generator<Uint8Array, void, undefined> {
-    yield* w.text(p.fTail);
-    yield* w.text(p.natHead);
-    for (const b of p.written) {
-      for (const c of chainNames(b.chains)) yield* w.text(`:${c} - [0:0]\n`);
-    }
-    for (const c of p.deleted) yield* w.text(`:${c} - [0:0]\n`);
-    yield* w.text(p.nHead);
-    yield* w.text(p.dispatch);
-    for (const b of p.written) yield* w.text(renderChainRules(b, p.cfg));
-    yield* w.text(p.tail);
-    for (const c of p.deleted) yield* w.text(`-X ${c}\n`);
-    yield* w.text(p.jn);
-    yield* w.text("COMMIT\n");
-    yield* w.text(p.mangle);
-    yield* w.end();
-  }
-
-  /** The same payload again from a finished plan (error context, `lastPayload`). */
-  private *replay(p: Plan): Generator<Uint8Array, void, undefined> {
-    const w = new ChunkWriter(this.chunkBytes);
-    yield* w.text(p.head);
-    for (const b of p.order) yield* w.text(b.filter);
-    yield* this.emitNat(w, p);
-  }
-}
-
-/** What one payload writes, decided while it streams; enough to render the same bytes again. */
-interface Plan {
-  full: boolean;
-  cfg: RenderConfig;
-  /** Services whose ports' chains are written (null: every port's). */
-  changed: ReadonlySet<string> | null;
-  scan: ScanResult | null;
-  /** Filter table head: declarations and static rules. */
-  head: string;
-  /** Static filter rules after the per-port ones, and missing jumps. */
-  fTail: string;
-  /** `COMMIT`, nat table head declarations. */
-  natHead: string;
-  /** Static nat rules (KUBE-POSTROUTING, KUBE-MARK-MASQ). */
-  nHead: string;
-  /** The KUBE-SERVICES → KUBE-NODEPORTS rule(s). */
-  tail: string;
-  /** Missing nat jumps. */
-  jn: string;
-  mangle: string;
-  staticFilter: number;
-  staticNat: number;
-  /** Every port's block, in snapshot order. */
-  order: ServicePortBlock[];
-  /** Ports whose chains are written. */
-  written: ServicePortBlock[];
-  /** Chains deleted by this payload. */
-  deleted: string[];
-  /** Chains of each port as this payload leaves them (null: the port is gone). */
-  appliedChanged: Map<string, PortChains | null>;
-  /** The nat dispatch section. */
-  dispatch: string;
-  /** Payload size. */
-  bytes: number;
-  filterRules: number;
-  natRulesWritten: number;
-  natRulesTotal: number;
-  /** nat KUBE-SERVICES holds at least one rule after this payload (dispatch or the nodeports tail). */
-  servicesChainHasRules: boolean;
 }
