@@ -1,26 +1,15 @@
 /**
  * The nftables dataplane: renders a {@linkcode ProxySnapshot} into one `nft -f -` transaction per sync and
- * family (atomic), in the `ip kube-proxy` / `ip6 kube-proxy` table upstream v1.37 writes.
+ * family (atomic), in the `ip kube-proxy` / `ip6 kube-proxy` table upstream v1.37 writes. This module decides
+ * which sync runs and keeps what the kernel holds; the pieces are apart:
  *
- * - Full sync (start, after a failure, periodic, node IP or nodePortAddresses change): the fixed layout
- *   (`setupOps`), every service port's chains, affinity sets and elements; the shared maps and sets are
- *   flushed and refilled in the same transaction. The transaction is generated port by port while nft reads
- *   it (`Nftables.runOperations`: bounded chunks, no transaction-sized text). Chains and affinity sets of ports
- *   the kernel has none of go ahead in runs of `precreatePorts` (unreferenced until the sync's transaction adds
- *   the elements leading to them): the kernel's commit costs the transaction's length per anonymous set, so one
- *   10k-port transaction costs that squared. The table's chains and sets are
- *   listed once (not on partial syncs) to find leftovers of an earlier run; every existing generated chain is
- *   emptied first (v1.35's layout kept endpoint chains on the first sync; v1.37 has them only for affinity, and
- *   their rules changed, so nothing is kept).
- * - Partial sync: only the changed Services. For each port the dataplane keeps only the state it last wrote
- *   (the model's own object) and renders it again to see what the kernel holds, so the transaction holds only
- *   what differs: chains whose rules changed, added and removed affinity sets and map elements. The elements of
- *   the shared maps are kept with their owners. The table is never listed.
- * - Stale chains are flushed at once and deleted in a later transaction, at least a second later (kernels
- *   before 6.2 notice late that a chain is no longer referenced by a map element), as upstream; unlike upstream,
- *   which deletes them in a transaction of its own before the sync's, they go at the end of the next sync's own
- *   transaction (or of the syncPeriod poll's): every nft run costs nft's fetch of the table's chains first
- *   (~0.9 s at 10k Services × 10 endpoints with nft 1.0.6), so a sync runs nft once, not twice.
+ * - Full sync (start, after a failure, periodic, node IP or nodePortAddresses change), `full_sync.ts`: the fixed
+ *   layout, every service port's chains, affinity sets and elements, generated port by port while nft reads it.
+ *   The table's chains and sets are listed once (not on partial syncs) to find leftovers of an earlier run.
+ * - Partial sync, `partial_sync.ts` (sections in `partial_tx.ts`): only the changed Services, only what differs
+ *   from what the dataplane last wrote. The table is never listed. Shared elements' owners: `element_owners.ts`.
+ * - Stale chains, `stale_chains.ts`: flushed at once and deleted at the end of a later sync's own transaction
+ *   (or of the syncPeriod poll's), at least a second later.
  * - A failed transaction logs nft's error with the failing input line, counts in
  *   `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`, rejects, and the next sync is full.
  * @module
@@ -35,160 +24,33 @@ import {
   type NodePortAddresses,
   nodePortIPs,
 } from "../../net/node_addresses.ts";
-import { sameRenderedState } from "../../proxy/state_equality.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, ServicePortState, SyncResult } from "../../proxy/types.ts";
-import { type LocalTraffic, NO_LOCAL_TRAFFIC } from "../local_traffic.ts";
+import { NO_LOCAL_TRAFFIC } from "../local_traffic.ts";
 import { masqueradeMark } from "../masquerade.ts";
+import type { NftablesDataplaneOptions } from "./dataplane_options.ts";
+import { ElementOwnership } from "./element_owners.ts";
 import { NftablesError } from "./errors.ts";
+import {
+  type FullResult,
+  fullSyncOps,
+  knownChains,
+  newFullResult,
+  precreate,
+  recorded,
+  type TableObjects,
+  timed,
+} from "./full_sync.ts";
 import type { Nftables } from "./interface.ts";
-import { isAffinitySetName, isServiceChainName, SET, TABLE, TABLE_COMMENT } from "./names.ts";
+import { TABLE } from "./names.ts";
 import { type LocalhostNodePort, LocalhostNodePortProxy } from "./localhost_nodeport_proxy.ts";
 import { NftablesRunner } from "./nft_runner.ts";
-import { type NftObject, writeObject } from "./objects.ts";
-import type { Operation, Transaction } from "./transaction.ts";
-import {
-  elementContainerDeclarations,
-  elementContainers,
-  elementObject,
-  localhostNodePortHandling,
-  type NftElement,
-  nftFamily,
-  type NftOp,
-  type NftPortRender,
-  type NftRenderConfig,
-  renderServicePort,
-  ruleObject,
-  setupOps,
-} from "./rules.ts";
+import { buildPartial, type PartialSyncChanges } from "./partial_sync.ts";
+import { PartialSyncTx } from "./partial_tx.ts";
+import { StaleChains } from "./stale_chains.ts";
+import type { Operation } from "./transaction.ts";
+import { localhostNodePortHandling, nftFamily, type NftRenderConfig } from "./rules.ts";
 
-/** Options of {@linkcode NftablesDataplane}. */
-export interface NftablesDataplaneOptions {
-  family: IPFamily;
-  /** Runs `ip` for CIDR nodePortAddresses, and `nft` unless `nftables` is given. */
-  runner: CommandRunner;
-  /** The table's nftables access (default: `nft` through `runner`; tests pass a FakeNftables). */
-  nftables?: Nftables;
-  /** Default 14. */
-  masqueradeBit?: number;
-  masqueradeAll?: boolean;
-  /** How local pod traffic is recognized; default none. */
-  localTraffic?: LocalTraffic;
-  /** CIDRs and/or `primary`; the agent passes `["primary"]` when unset, as upstream's nftables mode. */
-  nodePortAddresses?: readonly string[];
-  /** A specific bindAddress overrides the Node's IP of its family (source-range self-allow). */
-  nodeIP?: string;
-  /** Node addresses to use instead of `ip -j addr show` (tests). */
-  nodeAddresses?: readonly string[];
-  logger?: Logger;
-  /** Keep the last transaction's text in `lastTransaction` (tests, render). Default false. */
-  keepLastTransaction?: boolean;
-  /** Wall clock in ms for the stale-chain delay (tests). */
-  now?: () => number;
-  /**
-   * The KubeProxyNFTablesLocalhostNodePorts gate (alpha, default off): localhost NodePort traffic is rejected and
-   * counted per protocol; when nodePortAddresses names loopback explicitly, TCP NodePorts are served by a
-   * userspace listener on the family's loopback address instead (UDP and SCTP still rejected), as upstream.
-   */
-  localhostNodePorts?: boolean;
-  /**
-   * Full syncs write the chains and affinity sets of ports that the kernel does not have yet (no chain or set of
-   * theirs listed) ahead of the sync's transaction, this many ports per `nft -f` run; those objects are
-   * unreferenced until the sync's transaction adds the map elements that lead to them, so what traffic sees
-   * still changes at once. Fewer such ports than this go in the sync's transaction. 0 turns it off.
-   * Why: the kernel walks the whole transaction for every anonymous set (numgen map) it binds, so one
-   * transaction of 10k Services costs that squared (half the commit time at 10k × 10). @default 1000
-   */
-  precreatePorts?: number;
-}
-
-/** Sections of a partial sync's transaction, written in this order. */
-class Tx {
-  flushes: NftOp[] = [];
-  setDeletes: NftOp[] = [];
-  setAdds: NftOp[] = [];
-  chains: NftOp[] = [];
-  rules: NftOp[] = [];
-  elemDeletes: NftOp[] = [];
-  elemAdds: NftOp[] = [];
-  chainDeletes: NftOp[] = [];
-
-  /** The operations as one transaction. */
-  build(nft: Nftables): Transaction {
-    const tx = nft.newTransaction();
-    const sections = [
-      this.flushes,
-      this.setDeletes,
-      this.setAdds,
-      this.chains,
-      this.rules,
-      this.elemDeletes,
-      this.elemAdds,
-      this.chainDeletes,
-    ];
-    for (const section of sections) for (const [verb, obj] of section) tx.push({ verb, obj });
-    return tx;
-  }
-}
-
-/** A port's rendering as compared by a partial sync. */
-interface PortContent {
-  /** Chain name → its rules joined by "\n". */
-  chains: Map<string, string>;
-  affinitySets: Set<string>;
-  affinityTimeout: number;
-  /** `container key` → `value\tcomment` of the elements this port contributes (its first of each key). */
-  elements: Map<string, string>;
-}
-
-/**
- * Owners of an element in the shared maps and sets: the one port that contributes it (the kernel then holds that
- * port's value), or, when several do, each port's value in the order they came (the first one's is the kernel's).
- */
-type Owners = string | Map<string, string>;
-
-/** What a full sync found and wrote, committed when nft succeeds. */
-interface FullResult {
-  owners: Map<string, Owners>;
-  kernel: Map<string, string>;
-  stale: string[];
-  /** Stale chains deleted by this transaction. */
-  deleted: string[];
-}
-
-const STALE_CHAIN_DELAY_MS = 1000;
-/**
- * Upstream v1.35's (and this agent's before) chain that marked packets for masquerade; v1.37 marks inline. Upstream
- * v1.37 leaves it behind in a table an older version wrote; the agent deletes it on a full sync that finds it.
- */
-const LEGACY_MARK_CHAIN = "mark-for-masquerade";
-
-function elementKey(e: NftElement): string {
-  return `${e.container} ${e.key}`;
-}
-
-function elementValue(e: NftElement): string {
-  return `${e.value ?? ""}\t${e.comment ?? ""}`;
-}
-
-function op(verb: Operation["verb"], obj: NftObject): Operation {
-  return { verb, obj };
-}
-
-/** Times the iteration of `gen` (the generation share of a streamed transaction). */
-function* timed<T>(gen: Iterable<T>, acc: { ms: number }): Generator<T, void, undefined> {
-  const it = gen[Symbol.iterator]();
-  try {
-    for (;;) {
-      const t = performance.now();
-      const r = it.next();
-      acc.ms += performance.now() - t;
-      if (r.done) return;
-      yield r.value;
-    }
-  } finally {
-    it.return?.();
-  }
-}
+export type { NftablesDataplaneOptions } from "./dataplane_options.ts";
 
 /** nftables dataplane for one IP family. */
 export class NftablesDataplane implements Dataplane {
@@ -198,7 +60,6 @@ export class NftablesDataplane implements Dataplane {
   private readonly opts: NftablesDataplaneOptions;
   private readonly nft: Nftables;
   private readonly fam: "ip" | "ip6";
-  private readonly now: () => number;
   private readonly mark: string;
 
   private cfg: NftRenderConfig | null = null;
@@ -215,12 +76,10 @@ export class NftablesDataplane implements Dataplane {
 
   /** The state each port in the kernel was rendered from (rendered again to know what the kernel holds). */
   private written = new Map<string, ServicePortState>();
-  /** Owners of every element in the kernel, by `container key`. */
-  private elementOwners = new Map<string, Owners>();
-  /** Element values in the kernel (`value\tcomment`), by `container key`. */
-  private kernelElements = new Map<string, string>();
+  /** The elements in the kernel and their owners. */
+  private elements = new ElementOwnership();
   /** Emptied chains waiting for deletion, and since when. */
-  private staleChains = new Map<string, number>();
+  private readonly staleChains: StaleChains;
   /** The last transaction's text, kept only with the `keepLastTransaction` option (tests, render). */
   lastTransaction = "";
   /** The last transaction given to check(), kept only with the `keepLastTransaction` option (tests). */
@@ -233,7 +92,7 @@ export class NftablesDataplane implements Dataplane {
     this.log = (opts.logger ?? rootLog).with({ ipFamily: opts.family });
     this.fam = nftFamily(opts.family);
     this.nft = opts.nftables ?? new NftablesRunner({ family: this.fam, table: TABLE, runner: opts.runner });
-    this.now = opts.now ?? (() => Date.now());
+    this.staleChains = new StaleChains(opts.now ?? (() => Date.now()));
     this.mark = masqueradeMark(opts.masqueradeBit ?? 14);
   }
   /**
@@ -317,18 +176,11 @@ export class NftablesDataplane implements Dataplane {
   /** Deletes the stale chains flushed at least a second ago, in a transaction of their own. */
   private async deleteStaleChains(): Promise<void> {
     if (this.staleChains.size === 0) return;
-    const cutoff = this.now() - STALE_CHAIN_DELAY_MS;
+    const deleted = this.staleChains.takeDue();
+    if (deleted.size === 0) return;
     const tx = this.nft.newTransaction();
-    const deleted: string[] = [];
-    for (const [chain, since] of this.staleChains) {
-      if (since <= cutoff) {
-        tx.delete({ kind: "chain", name: chain });
-        deleted.push(chain);
-      }
-    }
-    if (deleted.length === 0) return;
-    for (const c of deleted) this.staleChains.delete(c);
-    this.log.info("Deleting stale nftables chains", { numChains: deleted.length });
+    for (const chain of deleted) tx.delete({ kind: "chain", name: chain });
+    this.log.info("Deleting stale nftables chains", { numChains: deleted.size });
     if (this.opts.keepLastTransaction) this.lastTransaction = tx.toString();
     try {
       await this.nft.run(tx);
@@ -341,7 +193,7 @@ export class NftablesDataplane implements Dataplane {
   }
 
   /** Chains and affinity sets of the table now (full syncs only); null when listing fails. */
-  private async listObjects(): Promise<{ chains: Set<string>; sets: Set<string> } | null> {
+  private async listObjects(): Promise<TableObjects | null> {
     try {
       return { chains: new Set(await this.nft.list("chain")), sets: new Set(await this.nft.list("set")) };
     } catch (err) {
@@ -376,10 +228,7 @@ export class NftablesDataplane implements Dataplane {
     }
     // Chains emptied at least a second ago: deleted at the end of this sync's transaction (unless it uses them
     // again). Taken out of the waiting list now, so that the syncPeriod poll does not delete them too.
-    const cutoff = this.now() - STALE_CHAIN_DELAY_MS;
-    const due = new Set<string>();
-    for (const [chain, since] of this.staleChains) if (since <= cutoff) due.add(chain);
-    for (const chain of due) this.staleChains.delete(chain);
+    const due = this.staleChains.takeDue();
     let deleted = 0;
 
     let full = this.needFull || snapshot.changedServices === null;
@@ -403,17 +252,28 @@ export class NftablesDataplane implements Dataplane {
         await this.readNodePortIPs();
         const existing = await this.listObjects();
         const early = new Set<string>();
-        if (existing !== null) bytes += await this.precreate(snapshot, existing, early, gen, lines);
-        const out: FullResult = { owners: new Map(), kernel: new Map(), stale: [], deleted: [] };
+        if (existing !== null) {
+          const portsPerRun = this.opts.precreatePorts ?? 1000;
+          const input = { nft: this.nft, family: this.family, cfg: this.cfg, portsPerRun };
+          bytes += await precreate(input, snapshot, existing, early, gen, lines);
+        }
+        const out = newFullResult();
         let ops: Iterable<Operation> = timed(this.fullOps(snapshot, existing, due, out, early), gen);
-        if (lines !== null) ops = this.recorded(ops, lines);
+        if (lines !== null) ops = recorded(ops, lines, this.fam);
         bytes += await this.nft.runOperations(ops);
         commit = () => this.commitFull(snapshot, out);
         deleted = out.deleted.length;
       } else {
         const t = performance.now();
-        const tx = new Tx();
-        commit = this.buildPartial(snapshot, tx, due);
+        const tx = new PartialSyncTx();
+        const changes = buildPartial(snapshot, tx, due, {
+          cfg: this.cfg,
+          family: this.family,
+          written: this.written,
+          elements: this.elements,
+          staleChains: this.staleChains,
+        });
+        commit = () => this.commitPartial(changes);
         deleted = due.size;
         const transaction = tx.build(this.nft);
         bytes = transaction.byteLength();
@@ -465,9 +325,7 @@ export class NftablesDataplane implements Dataplane {
       this.npa = newNodePortAddresses(this.family, this.opts.nodePortAddresses ?? [], snapshot.node.ips);
       this.localhostRejects = this.localhostRejectProtocols(this.npa);
     }
-    const cutoff = this.now() - STALE_CHAIN_DELAY_MS;
-    const due = new Set<string>();
-    for (const [chain, since] of this.staleChains) if (since <= cutoff) due.add(chain);
+    const due = this.staleChains.due();
     const fresh = this.renderConfig(snapshot);
     const cfg = this.cfg === null || this.cfg.nodeIP !== fresh.nodeIP ? fresh : this.cfg;
     const tx = this.nft.newTransaction();
@@ -475,7 +333,7 @@ export class NftablesDataplane implements Dataplane {
     try {
       await this.readNodePortIPs();
       const existing = await this.listObjects();
-      const out: FullResult = { owners: new Map(), kernel: new Map(), stale: [], deleted: [] };
+      const out = newFullResult();
       // Nothing written ahead: the check holds the whole sync in one transaction.
       for (const o of this.fullOps(snapshot, existing, due, out, new Set(), cfg, snapshot.serviceCIDRs)) {
         tx.push(o);
@@ -487,113 +345,20 @@ export class NftablesDataplane implements Dataplane {
     await this.nft.check(tx);
   }
 
-  /** Passes the operations on, keeping each one's input line. */
-  private *recorded(ops: Iterable<Operation>, lines: string[]): Generator<Operation, void, undefined> {
-    for (const o of ops) {
-      lines.push(writeObject(o.verb, o.obj, this.fam, TABLE));
-      yield o;
-    }
-  }
-
-  private affinitySetOp(name: string, timeout: number): Operation {
-    const type = this.family === "IPv6" ? "ipv6_addr" : "ipv4_addr";
-    return op("add", { kind: "set", name, type, flags: ["dynamic", "timeout"], timeout });
-  }
-
-  /** The content of a rendered port, as a partial sync compares it. */
-  private contentOf(r: NftPortRender): PortContent {
-    const chains = new Map<string, string>();
-    for (const [name, rules] of r.chains) chains.set(name, rules.join("\n"));
-    const elements = new Map<string, string>();
-    for (const e of r.elements) {
-      const k = elementKey(e);
-      if (!elements.has(k)) elements.set(k, elementValue(e));
-    }
-    return { chains, affinitySets: new Set(r.affinitySets), affinityTimeout: r.affinityTimeout, elements };
-  }
-
   /**
-   * The generated chains the kernel may hold when the table could not be listed: those waiting for deletion and
-   * those of ports whose state changed since they were written (a port whose state is the same has the same
-   * chains, which this sync writes again).
-   */
-  private knownChains(snapshot: ProxySnapshot, due: Set<string>): Set<string> {
-    const known = new Set<string>([...this.staleChains.keys(), ...due]);
-    for (const [name, old] of this.written) {
-      if (snapshot.servicePorts.get(name) === old) continue;
-      for (const c of renderServicePort(old, this.cfg!).chains.keys()) known.add(c);
-    }
-    return known;
-  }
-
-  /**
-   * Writes the chains and affinity sets of ports the kernel has none of (per `existing`), in runs of
-   * `precreatePorts` ports, ahead of the full sync's transaction; adds the ports written to `early`. Only full
-   * runs are sent (a remainder goes in the sync's transaction). Returns the bytes sent.
-   */
-  private async precreate(
-    snapshot: ProxySnapshot,
-    existing: { chains: Set<string>; sets: Set<string> },
-    early: Set<string>,
-    gen: { ms: number },
-    lines: string[] | null,
-  ): Promise<number> {
-    const size = this.opts.precreatePorts ?? 1000;
-    if (size <= 0 || snapshot.servicePorts.size < size) return 0;
-    const cfg = this.cfg!;
-    let bytes = 0;
-    let batch: Operation[] = [];
-    let names: string[] = [];
-    let t = performance.now();
-    for (const [name, st] of snapshot.servicePorts) {
-      const r = renderServicePort(st, cfg);
-      let known = false;
-      for (const c of r.chains.keys()) if (existing.chains.has(c)) known = true;
-      for (const s of r.affinitySets) if (existing.sets.has(s)) known = true;
-      if (known) continue;
-      if (batch.length === 0) {
-        // The shared maps declared before any anonymous set: the kernel finds a set by name walking the table's
-        // sets in creation order, once per element added, so these go first (10k × 10: a third of the commit).
-        batch.push(op("add", { kind: "table", comment: TABLE_COMMENT }));
-        for (const c of elementContainerDeclarations(this.family)) batch.push(op("add", c));
-      }
-      for (const set of r.affinitySets) batch.push(this.affinitySetOp(set, r.affinityTimeout));
-      for (const chain of r.chains.keys()) {
-        batch.push(op("add", { kind: "chain", name: chain }), op("flush", { kind: "chain", name: chain }));
-      }
-      for (const [chain, rules] of r.chains) {
-        for (const rule of rules) batch.push(op("add", ruleObject(chain, rule)));
-      }
-      names.push(name);
-      if (names.length < size) continue;
-      gen.ms += performance.now() - t;
-      if (lines !== null) { for (const o of batch) lines.push(writeObject(o.verb, o.obj, this.fam, TABLE)); }
-      bytes += await this.nft.runOperations(batch);
-      for (const n of names) early.add(n);
-      batch = [];
-      names = [];
-      t = performance.now();
-    }
-    gen.ms += performance.now() - t;
-    return bytes;
-  }
-
-  /**
-   * The full sync's operations, port by port: the fixed layout and the emptied shared maps; every existing
-   * generated chain emptied (so that no rule uses an affinity set deleted below); for each port its affinity
-   * sets, its chains declared, then its rules (a port's rules only refer to its own chains and sets, and to fixed
-   * chains); then every element, and the chains and affinity sets nobody uses any more. Fills `out` as it goes.
+   * The full sync's operations (see {@linkcode fullSyncOps}). A generator itself, so that the dataplane's state
+   * is read when the first operation is asked for, as nft starts reading.
    */
   private *fullOps(
     snapshot: ProxySnapshot,
-    existing: { chains: Set<string>; sets: Set<string> } | null,
+    existing: TableObjects | null,
     due: Set<string>,
     out: FullResult,
     early: ReadonlySet<string>,
     cfg: NftRenderConfig = this.cfg!,
     serviceCIDRs: readonly string[] = this.serviceCIDRs,
   ): Generator<Operation, void, undefined> {
-    const setup = setupOps({
+    const setup = {
       family: this.family,
       mark: this.mark,
       nodePortsMatchAll: this.npa!.matchAll,
@@ -603,240 +368,36 @@ export class NftablesDataplane implements Dataplane {
       masqueradeAll: cfg.masqueradeAll,
       localTraffic: cfg.localTraffic,
       localhostRejects: this.localhostRejects,
-    });
-    for (const [verb, obj] of setup) yield op(verb, obj);
-    for (const c of elementContainers(this.family)) yield op("flush", c);
-    if (this.localhostRejects.length > 0) {
-      yield op("flush", { kind: "map", name: SET.localhostNodePortRejects });
-    }
-
-    // Generated chains that may be stale: what the kernel has (listed), else what this dataplane knows of.
-    // Each chain a port uses is taken out as the port is written; what remains at the end is stale.
-    const candidates = existing?.chains ?? this.knownChains(snapshot, due);
-    if (existing !== null) {
-      for (const c of existing.chains) {
-        if (isServiceChainName(c)) yield op("flush", { kind: "chain", name: c });
-      }
-      // The v1.35 layout's masquerade helper: no rule refers to it once the chains above are emptied.
-      if (existing.chains.has(LEGACY_MARK_CHAIN)) {
-        yield op("delete", { kind: "chain", name: LEGACY_MARK_CHAIN });
-      }
-    }
-
-    const activeSets = new Set<string>();
-    const { owners, kernel } = out;
-    const toWrite: string[] = [];
-    for (const [name, st] of snapshot.servicePorts) {
-      const r = renderServicePort(st, cfg);
-      if (early.has(name)) {
-        // Written ahead by precreate(): only its elements (below) are this transaction's.
-        for (const set of r.affinitySets) activeSets.add(set);
-        for (const chain of r.chains.keys()) candidates.delete(chain);
-      }
-      for (const set of early.has(name) ? [] : r.affinitySets) {
-        activeSets.add(set);
-        // An existing set may carry another timeout: re-create it (its chains were emptied above).
-        if (existing?.sets.has(set)) yield op("delete", { kind: "set", name: set });
-        yield this.affinitySetOp(set, r.affinityTimeout);
-      }
-      toWrite.length = 0;
-      for (const chain of early.has(name) ? [] : r.chains.keys()) {
-        candidates.delete(chain);
-        toWrite.push(chain);
-        yield op("add", { kind: "chain", name: chain });
-        yield op("flush", { kind: "chain", name: chain });
-      }
-      for (const chain of toWrite) {
-        for (const rule of r.chains.get(chain)!) yield op("add", ruleObject(chain, rule));
-      }
-      for (const e of r.elements) {
-        const ckey = elementKey(e);
-        const value = elementValue(e);
-        const o = owners.get(ckey);
-        if (o === undefined) {
-          owners.set(ckey, name);
-          kernel.set(ckey, value);
-        } else if (typeof o === "string") {
-          if (o !== name) owners.set(ckey, new Map([[o, kernel.get(ckey)!], [name, value]]));
-        } else if (!o.has(name)) o.set(name, value);
-      }
-    }
-    for (const [ckey, value] of kernel) yield this.elementOp("add", ckey, value);
-    // Leftovers: generated chains and affinity sets nobody uses now (an earlier run, or failed syncs).
-    for (const c of candidates) {
-      if (!isServiceChainName(c)) continue;
-      // Not emptied above (not listed): emptied now.
-      if (existing === null) {
-        yield op("add", { kind: "chain", name: c });
-        yield op("flush", { kind: "chain", name: c });
-      }
-      if (due.has(c)) {
-        yield op("delete", { kind: "chain", name: c });
-        out.deleted.push(c);
-      } else out.stale.push(c);
-    }
-    for (const s of existing?.sets ?? []) {
-      if (isAffinitySetName(s) && !activeSets.has(s)) yield op("delete", { kind: "set", name: s });
-    }
+    };
+    yield* fullSyncOps(
+      {
+        family: this.family,
+        setup,
+        cfg,
+        knownChains: () => knownChains(snapshot, due, this.staleChains, this.written, this.cfg!),
+      },
+      snapshot,
+      existing,
+      due,
+      out,
+      early,
+    );
   }
 
+  /** Remembers what a full sync wrote, once nft applied it. */
   private commitFull(snapshot: ProxySnapshot, out: FullResult): void {
     this.written = new Map(snapshot.servicePorts);
-    this.elementOwners = out.owners;
-    this.kernelElements = out.kernel;
-    const now = this.now();
-    const stale = new Map<string, number>();
-    for (const c of out.stale) stale.set(c, this.staleChains.get(c) ?? now);
-    this.staleChains = stale;
+    this.elements = out.elements;
+    this.staleChains.keepOnly(out.stale);
   }
 
-  /** An element operation from its `container key` and `value\tcomment`. */
-  private elementOp(verb: "add" | "delete", ckey: string, value: string | null): Operation {
-    const sp = ckey.indexOf(" ");
-    if (value === null) return op(verb, elementObject(ckey.slice(0, sp), ckey.slice(sp + 1), null, null));
-    const tab = value.indexOf("\t");
-    const v = value.slice(0, tab), comment = value.slice(tab + 1);
-    return op(verb, elementObject(ckey.slice(0, sp), ckey.slice(sp + 1), v || null, comment || null));
-  }
-
-  /** The owners of an element as a map of port → value (a copy). */
-  private ownerMap(ckey: string): Map<string, string> {
-    const o = this.elementOwners.get(ckey);
-    if (o === undefined) return new Map();
-    if (typeof o === "string") return new Map([[o, this.kernelElements.get(ckey)!]]);
-    return new Map(o);
-  }
-
-  /** Empties a chain that is no longer used (created first, so that a chain missing already is no error). */
-  private staleFlush(tx: Tx, name: string): void {
-    tx.flushes.push(["add", { kind: "chain", name }], ["flush", { kind: "chain", name }]);
-  }
-
-  /** Declares (or empties) a chain and queues its rules after every declaration of the transaction. */
-  private writeChain(tx: Tx, name: string, rules: readonly string[]): void {
-    tx.chains.push(["add", { kind: "chain", name }], ["flush", { kind: "chain", name }]);
-    for (const rule of rules) tx.rules.push(["add", ruleObject(name, rule)]);
-  }
-
-  private buildPartial(snapshot: ProxySnapshot, tx: Tx, due: Set<string>): () => void {
-    const cfg = this.cfg!;
-    const changed = snapshot.changedServices!;
-    const updates = new Map<string, ServicePortState | null>();
-    const stale: string[] = [];
-    const revived: string[] = [];
-    const touched = new Set<string>();
-    const ownerChanges: [ckey: string, port: string, value: string | null][] = [];
-
-    const diffPort = (name: string, oldR: NftPortRender | undefined, r: NftPortRender | null) => {
-      const old = oldR === undefined ? undefined : this.contentOf(oldR);
-      const neu = r === null ? null : this.contentOf(r);
-      const recreateSets = old !== undefined && neu !== null && old.affinityTimeout !== neu.affinityTimeout &&
-        old.affinitySets.size > 0 && neu.affinitySets.size > 0;
-      // Chains.
-      for (const [chain, rules] of neu?.chains ?? []) {
-        const before = old?.chains.get(chain);
-        if (before === rules && !recreateSets) continue;
-        // Emptied first: its old rules may reference an affinity set deleted before it is rewritten.
-        if (before !== undefined) tx.flushes.push(["flush", { kind: "chain", name: chain }]);
-        this.writeChain(tx, chain, r!.chains.get(chain)!);
-        if (this.staleChains.has(chain) || due.has(chain)) {
-          revived.push(chain);
-          due.delete(chain);
-        }
-      }
-      for (const chain of old?.chains.keys() ?? []) {
-        if (neu?.chains.has(chain)) continue;
-        this.staleFlush(tx, chain);
-        stale.push(chain);
-      }
-      // Affinity sets.
-      for (const set of old?.affinitySets ?? []) {
-        if (recreateSets || !neu?.affinitySets.has(set)) {
-          tx.setDeletes.push(["delete", { kind: "set", name: set }]);
-        }
-      }
-      for (const set of neu?.affinitySets ?? []) {
-        if (recreateSets || !old?.affinitySets.has(set)) {
-          const o = this.affinitySetOp(set, neu!.affinityTimeout);
-          tx.setAdds.push([o.verb as "add", o.obj]);
-        }
-      }
-      // Elements: ownership changes, applied below once every port is known.
-      for (const [ckey, value] of old?.elements ?? []) {
-        if (neu?.elements.get(ckey) !== value) {
-          ownerChanges.push([ckey, name, null]);
-          touched.add(ckey);
-        }
-      }
-      for (const [ckey, value] of neu?.elements ?? []) {
-        if (old?.elements.get(ckey) !== value) {
-          ownerChanges.push([ckey, name, value]);
-          touched.add(ckey);
-        }
-      }
-    };
-
-    for (const [name, st] of snapshot.servicePorts) {
-      const old = this.written.get(name);
-      if (old === st) continue;
-      if (old !== undefined && (!changed.has(st.info.serviceKey) || sameRenderedState(old, st))) {
-        // Renders as what the kernel has (an unchanged Service's state is the same by contract): keep the new
-        // object, so that the old one can go.
-        if (sameRenderedState(old, st)) updates.set(name, st);
-        continue;
-      }
-      diffPort(name, old === undefined ? undefined : renderServicePort(old, cfg), renderServicePort(st, cfg));
-      updates.set(name, st);
+  /** Remembers what a partial sync changed, once nft applied it. */
+  private commitPartial(changes: PartialSyncChanges): void {
+    for (const [name, st] of changes.updates) {
+      if (st === null) this.written.delete(name);
+      else this.written.set(name, st);
     }
-    for (const [name, old] of this.written) {
-      if (snapshot.servicePorts.has(name)) continue;
-      diffPort(name, renderServicePort(old, cfg), null);
-      updates.set(name, null);
-    }
-
-    // Elements: the first remaining owner's value wins; a key nobody owns any more is deleted.
-    const newOwners = new Map<string, Map<string, string>>();
-    for (const [ckey, port, value] of ownerChanges) {
-      let m = newOwners.get(ckey);
-      if (m === undefined) newOwners.set(ckey, m = this.ownerMap(ckey));
-      if (value === null) m.delete(port);
-      else m.set(port, value);
-    }
-    for (const chain of due) tx.chainDeletes.push(["delete", { kind: "chain", name: chain }]);
-    const kernelChanges = new Map<string, string | null>();
-    for (const ckey of touched) {
-      const m = newOwners.get(ckey)!;
-      const want = m.size > 0 ? m.values().next().value! : null;
-      const have = this.kernelElements.get(ckey) ?? null;
-      if (want === have) continue;
-      if (have !== null) {
-        const o = this.elementOp("delete", ckey, null);
-        tx.elemDeletes.push([o.verb as "delete", o.obj]);
-      }
-      if (want !== null) {
-        const o = this.elementOp("add", ckey, want);
-        tx.elemAdds.push([o.verb as "add", o.obj]);
-      }
-      kernelChanges.set(ckey, want);
-    }
-
-    return () => {
-      for (const [name, st] of updates) {
-        if (st === null) this.written.delete(name);
-        else this.written.set(name, st);
-      }
-      for (const [ckey, m] of newOwners) {
-        if (m.size === 0) this.elementOwners.delete(ckey);
-        else if (m.size === 1) this.elementOwners.set(ckey, m.keys().next().value!);
-        else this.elementOwners.set(ckey, m);
-      }
-      for (const [ckey, v] of kernelChanges) {
-        if (v === null) this.kernelElements.delete(ckey);
-        else this.kernelElements.set(ckey, v);
-      }
-      const now = this.now();
-      for (const c of revived) this.staleChains.delete(c);
-      for (const c of stale) this.staleChains.set(c, now);
-    };
+    this.elements.apply(changes.newOwners, changes.kernelChanges);
+    this.staleChains.update(changes.revived, changes.stale);
   }
 }
