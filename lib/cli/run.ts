@@ -23,6 +23,7 @@ import {
   parsePacket,
   resolveOrigin,
 } from "./explain.ts";
+import { compareLiveIpvs, formatLiveIpvs } from "./explain_live_ipvs.ts";
 import { compareLiveNftables, formatLiveNftables } from "./explain_live_nftables.ts";
 import { compareLive, formatLive, readLiveIptables, renderedIptables, tracePacket } from "./explain_trace.ts";
 import { checkObjects, formatProblem, type InputProblem, type ProxyInput } from "./inputs.ts";
@@ -33,7 +34,7 @@ import { parseFieldPath } from "./schema.ts";
 
 /** Where the subcommands write, how they read stdin and run programs (tests replace them). */
 export interface SubcommandIO extends CommandIO, ReadOptions {
-  /** Runs `iptables-save` for `explain --live` (default: the host's programs). */
+  /** Runs the programs `explain --live` reads the node with (default: the host's programs). */
   runner?: CommandRunner;
 }
 
@@ -73,7 +74,8 @@ masqueraded and why, session affinity, and why it is rejected or dropped. Takes 
 --source, --destination IP:PORT, --protocol, and where it enters the node (--from). With --live (on the node, as
 root) it also reads this node's rules and says where they differ from what the agent would write now on the
 packet's path: in the iptables mode it walks the packet through the rules iptables-save reads; in the nftables
-mode it compares the objects of the path in nft list table.`;
+mode it compares the objects of the path in nft list table; in the ipvs mode the packet's virtual server, ipset
+entries and kube-ipvs0 address.`;
 
 function addRenderFlags(fs: FlagSet, f: RenderFlags): void {
   fs.stringArray(
@@ -129,7 +131,8 @@ function addExplainFlags(fs: FlagSet, f: ExplainFlags): void {
     () => f.live,
     (v) => f.live = v,
     "Also read this node's rules (iptables: iptables-save, the packet traced through them; nftables: nft list " +
-      "table, the path's objects compared; needs root) and report drift from what the agent would write now.",
+      "table, the path's objects compared; ipvs: ipvsadm -S -n, ipset save, kube-ipvs0; needs root) and report " +
+      "drift from what the agent would write now.",
   );
 }
 
@@ -233,9 +236,6 @@ export async function runSubcommand(argv: readonly string[], io: SubcommandIO = 
     }
     io.stdout(formatExplanation(e));
     if (explain.live) {
-      if (opts.mode === "ipvs") {
-        return usage("--live is not built for the ipvs mode yet (iptables and nftables only)");
-      }
       try {
         io.stdout("\n" + await explainLive(packet!, sync, opts, e, io.runner ?? new DenoCommandRunner()));
       } catch (err) {
@@ -247,7 +247,10 @@ export async function runSubcommand(argv: readonly string[], io: SubcommandIO = 
   return problems.some((p) => p.severity === "error") ? 2 : 0;
 }
 
-/** `explain --live`: the node's rules for the packet (iptables: traced; nftables: compared on its path). */
+/**
+ * `explain --live`: the node's rules for the packet (iptables: traced; nftables: the path's objects compared;
+ * ipvs: its virtual server, ipset entries and kube-ipvs0 address compared).
+ */
 async function explainLive(
   packet: PacketSpec,
   sync: FirstSync,
@@ -264,6 +267,15 @@ async function explainLive(
       proto: packet.protocol.toLowerCase(),
     });
     return formatLiveNftables(cmp, packet.family);
+  }
+  if (opts.mode === "ipvs") {
+    const names = e.steps.flatMap((s) => s.names);
+    const cmp = await compareLiveIpvs(runner, sync, packet.family, names, {
+      dst: packet.destination,
+      port: packet.port,
+      proto: packet.protocol.toLowerCase(),
+    });
+    return formatLiveIpvs(cmp);
   }
   const origin = resolveOrigin(packet, sync, opts);
   const live = await readLiveIptables(runner, packet.family);

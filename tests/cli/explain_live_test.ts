@@ -173,12 +173,3 @@ privilegedTest(netnsUnavailableReason(), {
       assert.doesNotMatch(new TextDecoder().decode(left.stdout), /dkp-explain-/);
     }),
 });
-
-Deno.test("explain --live: refused for the ipvs mode, which it does not read yet", async () => {
-  const r = await runCli(
-    ["explain", "-f", "-", ...CORPUS_FLAGS, "--proxy-mode=ipvs", "--live", ...PACKET],
-    corpusYaml(),
-  );
-  assert.equal(r.code, 2);
-  assert.match(r.stderr, /--live is not built for the ipvs mode yet/);
-});
