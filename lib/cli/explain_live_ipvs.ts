@@ -8,19 +8,13 @@
 import type { CommandRunner } from "../exec.ts";
 import { type IPFamily, joinHostPort } from "../net/ip.ts";
 import type { FirstSync } from "./engine.ts";
-
-/** A line of one side but not the other. */
-export interface IpvsDriftLine {
-  readonly object: string;
-  readonly kind: "missing" | "extra";
-  readonly line: string;
-}
+import { diffLines, type DriftLine, formatDrift } from "./explain_drift.ts";
 
 /** The comparison `explain --live` prints in the ipvs mode. */
 export interface IpvsLiveComparison {
   /** The virtual server as the kernel has it (its `-A` and `-a` lines), empty when there is none. */
   readonly virtualServer: readonly string[];
-  readonly drift: readonly IpvsDriftLine[];
+  readonly drift: readonly DriftLine[];
 }
 
 const PROTO_FLAG: Readonly<Record<string, string>> = { tcp: "-t", udp: "-u", sctp: "--sctp-service" };
@@ -40,17 +34,6 @@ function setLines(text: string, sets: ReadonlySet<string>, dst: string): string[
       const [op, set, entry] = l.split(" ");
       return op === "add" && sets.has(set) && entry !== undefined && entry.split(",").includes(dst);
     });
-}
-
-function diff(object: string, want: readonly string[], have: readonly string[], out: IpvsDriftLine[]): void {
-  const left = new Map<string, number>();
-  for (const l of have) left.set(l, (left.get(l) ?? 0) + 1);
-  for (const l of want) {
-    const n = left.get(l) ?? 0;
-    if (n > 0) left.set(l, n - 1);
-    else out.push({ object, kind: "missing", line: l });
-  }
-  for (const [l, n] of left) for (let i = 0; i < n; i++) out.push({ object, kind: "extra", line: l });
 }
 
 async function read(runner: CommandRunner, cmd: string, args: string[]): Promise<string> {
@@ -74,15 +57,15 @@ export async function compareLiveIpvs(
   const input = (cmd: string) =>
     sync.commands.filter((c) => c.family === family && c.cmd === cmd).map((c) => c.stdin).join("\n");
   const key = `${PROTO_FLAG[packet.proto]} ${joinHostPort(packet.dst, packet.port)}`;
-  const drift: IpvsDriftLine[] = [];
+  const drift: DriftLine[] = [];
 
   const liveVS = virtualServerLines(await read(runner, "ipvsadm", ["-S", "-n"]), key);
-  diff(`virtual server ${key}`, virtualServerLines(input("ipvsadm"), key), liveVS, drift);
+  diffLines(`virtual server ${key}`, virtualServerLines(input("ipvsadm"), key), liveVS, drift, String);
 
   const sets = new Set(names.filter((n) => /^KUBE-/.test(n)));
   if (sets.size > 0) {
     const live = setLines(await read(runner, "ipset", ["save"]), sets, packet.dst);
-    diff("ipset", setLines(input("ipset"), sets, packet.dst), live, drift);
+    diffLines("ipset", setLines(input("ipset"), sets, packet.dst), live, drift, String);
   }
 
   const prefix = family === "IPv6" ? 128 : 32;
@@ -106,16 +89,6 @@ export function formatLiveIpvs(c: IpvsLiveComparison): string {
   const lines = ["Live:       the kernel's IPVS virtual server for this packet (ipvsadm -S -n):"];
   if (c.virtualServer.length === 0) lines.push("              none");
   for (const l of c.virtualServer) lines.push(`              ${l}`);
-  if (c.drift.length === 0) {
-    lines.push(
-      "Drift:      none on this packet's path: the kernel has exactly what the agent would write now",
-    );
-  } else {
-    lines.push("Drift:      the kernel differs from what the agent would write now on this packet's path:");
-    for (const d of c.drift) {
-      const kind = d.kind === "missing" ? "missing from the kernel" : "in the kernel, not the agent's";
-      lines.push(`  ${kind}: ${d.object}: ${d.line}`);
-    }
-  }
+  lines.push(...formatDrift(c.drift));
   return lines.join("\n") + "\n";
 }

@@ -9,15 +9,9 @@
 import type { CommandRunner } from "../exec.ts";
 import { type NftListing, parseNftListing } from "../dataplane/nftables/listing.ts";
 import type { IPFamily } from "../net/ip.ts";
+import { diffLines, type DriftLine, formatDrift } from "./explain_drift.ts";
 
 const TABLE = "kube-proxy";
-
-/** An object's line in one listing but not the other. */
-export interface NftDriftLine {
-  readonly object: string;
-  readonly kind: "missing" | "extra";
-  readonly line: string;
-}
 
 /** The comparison `explain --live` prints. */
 export interface NftLiveComparison {
@@ -25,7 +19,7 @@ export interface NftLiveComparison {
   readonly tableExists: boolean;
   /** The objects compared (those the packet's path names). */
   readonly objects: readonly string[];
-  readonly drift: readonly NftDriftLine[];
+  readonly drift: readonly DriftLine[];
 }
 
 /** `nft list table` of `fam` on this node, or inside network namespace `ns`; null when there is no table. */
@@ -59,22 +53,6 @@ async function listRendered(runner: CommandRunner, fam: string, transaction: str
   }
 }
 
-function diffLines(
-  object: string,
-  want: readonly string[],
-  have: readonly string[],
-  out: NftDriftLine[],
-): void {
-  const left = new Map<string, number>();
-  for (const l of have) left.set(l, (left.get(l) ?? 0) + 1);
-  for (const l of want) {
-    const n = left.get(l) ?? 0;
-    if (n > 0) left.set(l, n - 1);
-    else out.push({ object, kind: "missing", line: l });
-  }
-  for (const [l, n] of left) for (let i = 0; i < n; i++) out.push({ object, kind: "extra", line: l });
-}
-
 /** The packet's own entries of a set or map: keys naming its destination and port (or protocol and port). */
 function relevantElement(element: string, dst: string, port: number, proto: string): boolean {
   const key = element.split(/ : | comment /)[0].split(" . ").map((s) => s.trim());
@@ -99,17 +77,17 @@ export async function compareLiveNftables(
   const rendered = await listRendered(runner, fam, transaction);
   const have = live ?? { chains: new Map(), sets: new Map() };
   const objects = [...new Set(names)].filter((n) => rendered.chains.has(n) || rendered.sets.has(n)).sort();
-  const drift: NftDriftLine[] = [];
+  const drift: DriftLine[] = [];
   for (const n of objects) {
     if (rendered.chains.has(n)) {
       if (!have.chains.has(n)) {
         drift.push({ object: `chain ${n}`, kind: "missing", line: "(the whole chain)" });
-      } else diffLines(`chain ${n}`, rendered.chains.get(n)!, have.chains.get(n)!, drift);
+      } else diffLines(`chain ${n}`, rendered.chains.get(n)!, have.chains.get(n)!, drift, String);
     } else {
       const mine = (xs: readonly string[]) =>
         xs.filter((e) => relevantElement(e, packet.dst, packet.port, packet.proto));
       if (!have.sets.has(n)) drift.push({ object: `set/map ${n}`, kind: "missing", line: "(the whole set)" });
-      else diffLines(`set/map ${n}`, mine(rendered.sets.get(n)!), mine(have.sets.get(n)!), drift);
+      else diffLines(`set/map ${n}`, mine(rendered.sets.get(n)!), mine(have.sets.get(n)!), drift, String);
     }
   }
   return { tableExists: live !== null, objects, drift };
@@ -125,19 +103,8 @@ export function formatLiveNftables(c: NftLiveComparison, family: IPFamily): stri
   ];
   if (!c.tableExists) {
     lines.push(`Drift:      the kernel has no table ${fam} ${TABLE}: the agent has not synced here`);
-  } else if (c.drift.length === 0) {
-    lines.push(
-      "Drift:      none on this packet's path: the kernel has exactly what the agent would write now",
-    );
   } else {
-    lines.push("Drift:      the kernel differs from what the agent would write now on this packet's path:");
-    for (const d of c.drift) {
-      lines.push(
-        `  ${
-          d.kind === "missing" ? "missing from the kernel" : "in the kernel, not the agent's"
-        }: ${d.object}: ${d.line}`,
-      );
-    }
+    lines.push(...formatDrift(c.drift));
   }
   return lines.join("\n") + "\n";
 }

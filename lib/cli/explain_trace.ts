@@ -12,6 +12,7 @@ import { formatStep, type Trace, traceIptables, type TracePacket } from "../data
 import type { IPFamily } from "../net/ip.ts";
 import type { FirstSync } from "./engine.ts";
 import type { PacketSpec } from "./explain.ts";
+import { diffLines, type DriftLine, formatDrift } from "./explain_drift.ts";
 
 /** The iptables rules of `family` a first sync writes, applied to empty tables. */
 export function renderedIptables(sync: FirstSync, family: IPFamily): IptablesTables {
@@ -56,15 +57,6 @@ export function tracePacket(
   };
 }
 
-/** A rule on the packet's path in one set of tables but not in the other. */
-export interface DriftLine {
-  readonly table: string;
-  readonly chain: string;
-  /** `missing`: the agent would write it, the kernel lacks it; `extra`: in the kernel, not the agent's. */
-  readonly kind: "missing" | "extra";
-  readonly rule: string;
-}
-
 /** The live trace, the trace of what the agent would write now, and the drift on either path. */
 export interface LiveComparison {
   readonly live: Trace;
@@ -94,24 +86,17 @@ export function compareLive(live: IptablesTables, rendered: IptablesTables, p: T
     const [table, chain] = tc.split(" ");
     const want = rendered.chain(table, chain)?.rules ?? [];
     const have = live.chain(table, chain)?.rules ?? [];
-    const builtin = isBuiltinChain(table, chain);
-    const haveKeys = countKeys(have.map((r) => r.key));
-    for (const r of want) {
-      const n = haveKeys.get(r.key) ?? 0;
-      if (n > 0) haveKeys.set(r.key, n - 1);
-      else drift.push({ table, chain, kind: "missing", rule: r.text });
-    }
     // Other tools' rules in built-in chains are expected there; they count only when the packet matched them.
-    const wantKeys = countKeys(want.map((r) => r.key));
-    for (const r of have) {
-      const n = wantKeys.get(r.key) ?? 0;
-      if (n > 0) {
-        wantKeys.set(r.key, n - 1);
-        continue;
-      }
-      if (builtin && !onPath(liveTrace, table, chain, r.text)) continue;
-      drift.push({ table, chain, kind: "extra", rule: r.text });
-    }
+    const builtin = isBuiltinChain(table, chain);
+    diffLines(
+      `${table} ${chain}`,
+      want,
+      have,
+      drift,
+      (r) => r.text,
+      (r) => r.key,
+      (r) => !builtin || onPath(liveTrace, table, chain, r.text),
+    );
   }
   return {
     live: liveTrace,
@@ -119,12 +104,6 @@ export function compareLive(live: IptablesTables, rendered: IptablesTables, p: T
     drift,
     sameOutcome: sameOutcome(liveTrace, renderedTrace),
   };
-}
-
-function countKeys(keys: readonly string[]): Map<string, number> {
-  const m = new Map<string, number>();
-  for (const k of keys) m.set(k, (m.get(k) ?? 0) + 1);
-  return m;
 }
 
 function onPath(t: Trace, table: string, chain: string, text: string): boolean {
@@ -171,22 +150,13 @@ export function formatTrace(t: Trace, indent = "  "): string[] {
 export function formatLive(c: LiveComparison, source: string): string {
   const lines = [`Live:       the kernel's rules (${source}) take this packet to:`];
   lines.push(...formatTrace(c.live));
-  if (c.drift.length === 0 && c.sameOutcome) {
-    lines.push(
-      "Drift:      none on this packet's path: the kernel has exactly the rules the agent would write now",
-    );
-  } else {
-    lines.push("Drift:      the kernel differs from what the agent would write now on this packet's path:");
-    for (const d of c.drift) {
-      lines.push(
-        `  ${d.kind === "missing" ? "missing from the kernel" : "in the kernel, not the agent's"}: ` +
-          `${d.table} ${d.chain}: ${d.rule}`,
-      );
-    }
-    if (!c.sameOutcome) {
-      lines.push("  the agent's rules would take it to:");
-      lines.push(...formatTrace(c.rendered, "    "));
-    }
+  if (c.drift.length > 0 || c.sameOutcome) lines.push(...formatDrift(c.drift));
+  else {lines.push(
+      "Drift:      the kernel's rules take it elsewhere than the agent's would, off the chains compared:",
+    );}
+  if (!c.sameOutcome) {
+    lines.push("  the agent's rules would take it to:");
+    lines.push(...formatTrace(c.rendered, "    "));
   }
   return lines.join("\n") + "\n";
 }
