@@ -42,7 +42,7 @@ import {
 } from "./full_sync.ts";
 import type { Nftables } from "./interface.ts";
 import { TABLE } from "./names.ts";
-import { type LocalhostNodePort, LocalhostNodePortProxy } from "./localhost_nodeport_proxy.ts";
+import { LocalhostNodePortProxy, localhostNodePorts } from "./localhost_nodeport_proxy.ts";
 import { NftablesRunner } from "./nft_runner.ts";
 import { buildPartial, type PartialSyncChanges } from "./partial_sync.ts";
 import { PartialSyncTx } from "./partial_tx.ts";
@@ -138,23 +138,6 @@ export class NftablesDataplane implements Dataplane {
   /** Closes the localhost NodePort listeners (agent stop, tests). */
   stop(): void {
     this.localhostProxy?.shutdown();
-  }
-
-  /** The TCP NodePorts the loopback listeners serve, with the external policy's endpoints (upstream's). */
-  private localhostNodePorts(snapshot: ProxySnapshot): LocalhostNodePort[] {
-    const out: LocalhostNodePort[] = [];
-    for (const [name, st] of snapshot.servicePorts) {
-      if (st.info.protocol !== "TCP" || st.info.nodePort === 0) continue;
-      const eps =
-        (st.plan.externalPolicyLocal ? st.selection.localEndpoints : st.selection.clusterEndpoints) ?? [];
-      out.push({
-        name,
-        nodePort: st.info.nodePort,
-        endpoints: eps.map((e) => ({ ip: e.ip, port: e.port })),
-        affinitySeconds: st.info.stickyMaxAgeSeconds,
-      });
-    }
-    return out;
   }
 
   private async readNodePortIPs(): Promise<void> {
@@ -297,7 +280,7 @@ export class NftablesDataplane implements Dataplane {
     // A full sync's text is as big as the payload (50 MiB at 10k × 10): not kept unless asked for.
     if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
     commit();
-    this.localhostProxy?.sync(this.localhostNodePorts(snapshot));
+    this.localhostProxy?.sync(localhostNodePorts(snapshot));
     if (full) this.baseChainsRecreated = true;
     this.needFull = false;
     this.everSynced = true;

@@ -5,11 +5,12 @@
  * NodePort that has endpoints and copies every connection to one endpoint, chosen at random (with ClientIP
  * affinity, the last endpoint chosen while its timeout runs: all clients are the node itself). Connections stay
  * open when a listener goes; a NodePort without endpoints has no listener (connections are refused).
+ * `localhostNodePorts` picks a snapshot's TCP NodePorts for the listeners.
  * @module
  */
 import type { Logger } from "../../log.ts";
 import { localhostNodePortListenerCreationFailuresTotal, localhostNodePortListeners } from "../../metrics.ts";
-import type { IPFamily } from "../../proxy/types.ts";
+import type { IPFamily, ProxySnapshot } from "../../proxy/types.ts";
 
 /** One TCP NodePort to serve on loopback. */
 export interface LocalhostNodePort {
@@ -20,6 +21,23 @@ export interface LocalhostNodePort {
   readonly endpoints: readonly { readonly ip: string; readonly port: number }[];
   /** ClientIP affinity timeout in seconds; 0 without affinity. */
   readonly affinitySeconds: number;
+}
+
+/** The TCP NodePorts of a snapshot the loopback listeners serve, with the external policy's endpoints (upstream's). */
+export function localhostNodePorts(snapshot: ProxySnapshot): LocalhostNodePort[] {
+  const out: LocalhostNodePort[] = [];
+  for (const [name, st] of snapshot.servicePorts) {
+    if (st.info.protocol !== "TCP" || st.info.nodePort === 0) continue;
+    const eps = (st.plan.externalPolicyLocal ? st.selection.localEndpoints : st.selection.clusterEndpoints) ??
+      [];
+    out.push({
+      name,
+      nodePort: st.info.nodePort,
+      endpoints: eps.map((e) => ({ ip: e.ip, port: e.port })),
+      affinitySeconds: st.info.stickyMaxAgeSeconds,
+    });
+  }
+  return out;
 }
 
 /** Upstream's dialTimeout. */
