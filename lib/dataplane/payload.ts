@@ -161,3 +161,19 @@ export function extractLines(payload: string, n: number, context = 2): string {
   }
   return out.join("\n");
 }
+
+/** Sums the time spent producing each item of `gen` into `acc` (the generation share of a streamed sync). */
+export function* timed<T>(gen: Iterable<T>, acc: { ms: number }): Generator<T, void, undefined> {
+  const it = gen[Symbol.iterator]();
+  try {
+    for (;;) {
+      const t = performance.now();
+      const r = it.next();
+      acc.ms += performance.now() - t;
+      if (r.done) return;
+      yield r.value;
+    }
+  } finally {
+    it.return?.();
+  }
+}

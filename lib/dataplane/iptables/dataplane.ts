@@ -33,7 +33,7 @@ import {
 import { type IptablesTools, iptablesTools } from "../iptables_backend.ts";
 import type { PortChains } from "./chain_names.ts";
 import { NfacctCounters } from "./nfacct.ts";
-import { collectChunks, DEFAULT_CHUNK_BYTES, extractLines, SectionCache } from "../payload.ts";
+import { collectChunks, DEFAULT_CHUNK_BYTES, extractLines, SectionCache, timed } from "../payload.ts";
 import { familyNodeIP, type NodePortAddresses, nodePortIPs } from "../../net/node_addresses.ts";
 import { LARGE_CLUSTER_ENDPOINTS_THRESHOLD, type RenderConfig, type ServicePortBlock } from "./rules.ts";
 import { KUBE_PROXY_CANARY } from "./static_rules.ts";
@@ -47,7 +47,6 @@ import {
   Payload,
   type Plan,
   streamPayload,
-  timed,
 } from "./restore_payload.ts";
 
 export type { IptablesDataplaneOptions } from "./settings.ts";

@@ -62,20 +62,6 @@ export class Payload implements BuiltPayload {
   }
 }
 
-/** Sums the time spent producing each chunk (the generation share of a streamed sync). */
-export function* timed(
-  gen: Iterator<Uint8Array>,
-  acc: { ms: number },
-): Generator<Uint8Array, void, undefined> {
-  for (;;) {
-    const t = performance.now();
-    const r = gen.next();
-    acc.ms += performance.now() - t;
-    if (r.done) return;
-    yield r.value;
-  }
-}
-
 /** What the static parts of a payload depend on besides the render settings. */
 export interface StaticInputs {
   /** `nf_conntrack_tcp_be_liberal` is set (no INVALID drop rule). */

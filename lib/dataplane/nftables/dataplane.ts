@@ -38,12 +38,12 @@ import {
   precreate,
   recorded,
   type TableObjects,
-  timed,
 } from "./full_sync.ts";
 import type { Nftables } from "./interface.ts";
 import { TABLE } from "./names.ts";
 import { LocalhostNodePortProxy, localhostNodePorts } from "./localhost_nodeport_proxy.ts";
 import { NftablesRunner } from "./nft_runner.ts";
+import { timed } from "../payload.ts";
 import { buildPartial, type PartialSyncChanges } from "./partial_sync.ts";
 import { PartialSyncTx } from "./partial_tx.ts";
 import { StaleChains } from "./stale_chains.ts";

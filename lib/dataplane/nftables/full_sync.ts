@@ -234,22 +234,6 @@ export function* fullSyncOps(
   }
 }
 
-/** Times the iteration of `gen` (the generation share of a streamed transaction). */
-export function* timed<T>(gen: Iterable<T>, acc: { ms: number }): Generator<T, void, undefined> {
-  const it = gen[Symbol.iterator]();
-  try {
-    for (;;) {
-      const t = performance.now();
-      const r = it.next();
-      acc.ms += performance.now() - t;
-      if (r.done) return;
-      yield r.value;
-    }
-  } finally {
-    it.return?.();
-  }
-}
-
 /** Passes the operations on, keeping each one's input line (`nft -f -` text for the table of `fam`). */
 export function* recorded(
   ops: Iterable<Operation>,
