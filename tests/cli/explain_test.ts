@@ -12,9 +12,8 @@ import type { PacketOrigin } from "../../lib/cli/explain_common.ts";
 import { checkObjects } from "../../lib/cli/inputs.ts";
 import { parseManifestText } from "../../lib/cli/manifests.ts";
 import { resolveNode } from "../../lib/cli/node.ts";
-import { formatTrace, renderedIptables, tracePacket } from "../../lib/cli/explain_trace.ts";
-import { traceIptables } from "../../lib/dataplane/iptables/trace.ts";
 import { configureLogging } from "../../lib/log.ts";
+import { assertTracerAgrees } from "./tracer_agreement.ts";
 import {
   ALLOWED_CLIENT,
   CLIENT,
@@ -334,40 +333,6 @@ for (const mode of MODES) {
       if (mode === "iptables") assertTracerAgrees(sync, c, e, what);
     }
   });
-}
-
-/**
- * The packet tracer, walking the rules render prints, ends where explain says: same verdict, same endpoints
- * with the same shares, masqueraded where explain says (the source's own endpoint always: hairpin).
- */
-function assertTracerAgrees(sync: FirstSync, c: Case, e: Explanation, what: string): void {
-  const packet = parsePacket({
-    source: c.src,
-    destination: c.dst,
-    protocol: c.protocol ?? "tcp",
-    from: c.from,
-    inInterface: "",
-  });
-  const nodeIPs = sync.nodeIPs.filter((ip) => (ip.includes(":") ? "IPv6" : "IPv4") === packet.family);
-  const t = traceIptables(renderedIptables(sync, packet.family), tracePacket(packet, c.src, c.from, nodeIPs));
-  const traced = formatTrace(t).join("\n");
-  if (e.verdict.kind !== "dnat") {
-    assert.deepEqual(t.outcomes.map((o) => o.verdict), [e.verdict.kind], `${what}\ntracer:\n${traced}`);
-    return;
-  }
-  assert.ok(t.outcomes.every((o) => o.verdict === "dnat"), `${what}\ntracer:\n${traced}`);
-  assert.deepEqual(
-    t.outcomes.map((o) => o.endpoint).sort(),
-    e.endpoints.map((x) => x.endpoint).sort(),
-    `${what}\ntracer:\n${traced}`,
-  );
-  for (const x of e.endpoints) {
-    const o = t.outcomes.find((o) => o.endpoint === x.endpoint)!;
-    if (x.probability !== null) {
-      assert.ok(Math.abs(o.probability - x.probability) < 1e-6, `${what}\ntracer:\n${traced}`);
-    }
-    assert.equal(o.masqueraded, e.masquerade!.masqueraded || x.hairpin, `${what}\ntracer:\n${traced}`);
-  }
 }
 
 Deno.test("explain: terminating endpoints and the ipvs Local fallback are called out", async () => {

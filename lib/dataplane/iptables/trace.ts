@@ -1,7 +1,7 @@
 /**
  * A packet tracer over {@linkcode IptablesTables}: walks one new connection's first packet through the nat and
- * filter tables as the kernel would (nat PREROUTING or OUTPUT, then filter INPUT, FORWARD or OUTPUT, then nat
- * POSTROUTING), evaluating each rule's matches, and returns every outcome with its probability (a
+ * filter tables as the kernel would (nat PREROUTING or OUTPUT, then filter INPUT, FORWARD or OUTPUT, and INPUT
+ * too for the node's own packet to a local address, then nat POSTROUTING), evaluating each rule's matches, and returns every outcome with its probability (a
  * `-m statistic --mode random` rule splits the walk in two). The outcome is derived from the rules alone, so
  * it explains rules read from the kernel (`iptables-save`) as well as rules the agent would write.
  *
@@ -286,14 +286,25 @@ export function traceIptables(tables: IptablesTables, p: TracePacket): Trace {
       add(merged, nat.end, s0);
       continue;
     }
-    const filterChain = p.from === "node" ? "OUTPUT" : isLocalOf(p, s0.dst) ? "INPUT" : "FORWARD";
-    for (const f of t.walk("filter", filterChain, s0, 0)) {
-      if (f.end === "drop" || f.end === "reject") {
-        add(merged, f.end, f.state);
-        continue;
+    // The node's own packet to a local address leaves through filter OUTPUT and comes back in through INPUT.
+    const local = isLocalOf(p, s0.dst);
+    const filterChains = p.from === "node"
+      ? (local ? ["OUTPUT", "INPUT"] : ["OUTPUT"])
+      : [local ? "INPUT" : "FORWARD"];
+    let passed: State[] = [s0];
+    for (const chain of filterChains) {
+      const next: State[] = [];
+      for (const st of passed) {
+        for (const f of t.walk("filter", chain, st, 0)) {
+          if (f.end === "drop" || f.end === "reject") add(merged, f.end, f.state);
+          else next.push(f.state);
+        }
       }
-      const verdict: TraceVerdict = f.state.dnat !== null ? "dnat" : "untouched";
-      for (const post of t.walk("nat", "POSTROUTING", f.state, 0)) add(merged, verdict, post.state);
+      passed = next;
+    }
+    for (const st of passed) {
+      const verdict: TraceVerdict = st.dnat !== null ? "dnat" : "untouched";
+      for (const post of t.walk("nat", "POSTROUTING", st, 0)) add(merged, verdict, post.state);
     }
   }
   const outcomes = [...merged.values()].map((o) => ({
