@@ -48,6 +48,7 @@ import {
   type Plan,
   streamPayload,
 } from "./restore_payload.ts";
+import { FullSyncState } from "../full_sync_state.ts";
 
 export type { IptablesDataplaneOptions } from "./settings.ts";
 export { type BuiltPayload, failedLine } from "./restore_payload.ts";
@@ -78,14 +79,13 @@ export class IptablesDataplane implements Dataplane {
   private readonly chunkBytes: number;
   /** Chains of each port as last successfully written. */
   private applied = new Map<string, PortChains>();
-  private needFull = true;
+  private readonly fullSync = new FullSyncState();
   private largeCluster = false;
   /** The nft backend's scale warning (once per dataplane). */
   private readonly nftScaleWarning: NftBackendScaleWarning;
   /** The last restore left rules in nat KUBE-SERVICES (checked by needsFullSync in small clusters). */
   private servicesChainHasRules = false;
   private nodePortIPs: string[] = [];
-  private everSynced = false;
   /** The last payload (tests, debugging). */
   lastPayload: BuiltPayload | null = null;
 
@@ -110,8 +110,8 @@ export class IptablesDataplane implements Dataplane {
 
   /** Checks the mangle canary chain (cheap: mangle is small); true when it is gone and a full sync is due. */
   async needsFullSync(): Promise<boolean> {
-    if (!this.everSynced) return false;
-    if (this.needFull) return true;
+    const known = this.fullSync.known();
+    if (known !== null) return known;
     const r = await this.runner.tryRun({
       cmd: this.tools.iptables,
       args: ["-w", "5", "-t", "mangle", "-S", KUBE_PROXY_CANARY],
@@ -121,7 +121,7 @@ export class IptablesDataplane implements Dataplane {
       this.log.info("iptables canary chain is gone (flushed externally?); next sync is full", {
         stderr: r.stderr.trim(),
       });
-      this.needFull = true;
+      this.fullSync.request();
       return true;
     }
     // Beyond upstream: a flush of nat KUBE-SERVICES alone (`iptables -t nat -F KUBE-SERVICES`) leaves the
@@ -138,7 +138,7 @@ export class IptablesDataplane implements Dataplane {
     this.log.info("nat KUBE-SERVICES was flushed or deleted externally; next sync is full", {
       stderr: svc.stderr.trim(),
     });
-    this.needFull = true;
+    this.fullSync.request();
     return true;
   }
 
@@ -182,7 +182,7 @@ export class IptablesDataplane implements Dataplane {
     if (!this.initialized) await this.init(snapshot);
     const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
     const nodeIP = this.nodeIPOf(snapshot);
-    let full = this.needFull || snapshot.changedServices === null;
+    let full = this.fullSync.isFull(snapshot);
     const cfg0 = full ? await this.ensureCounters(this.cfg!) : this.cfg!;
     if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP || cfg0 !== this.cfg) {
       // Every block renders differently now: drop the cache and write everything.
@@ -227,7 +227,7 @@ export class IptablesDataplane implements Dataplane {
       for (const _ of gen) { /* discard */ }
       genTime.ms += performance.now() - t;
     } catch (err) {
-      this.needFull = true;
+      this.fullSync.request();
       throw err;
     } finally {
       this.streaming = false;
@@ -243,16 +243,15 @@ export class IptablesDataplane implements Dataplane {
       });
       iptablesRestoreFailuresTotal.inc({ ip_family: this.family });
       if (!full) iptablesPartialRestoreFailuresTotal.inc({ ip_family: this.family });
-      this.needFull = true;
+      this.fullSync.request();
       throw new CommandError({ cmd: this.tools.restore, args }, r.code, r.stderr);
     }
 
     // Success: remember what the kernel now has.
     this.commit(plan);
     this.servicesChainHasRules = plan.servicesChainHasRules;
-    this.needFull = false;
-    this.everSynced = true;
-    if (scan && !(await ensureKubeletJumps(this.runner, this.tools, this.log, scan))) this.needFull = true;
+    this.fullSync.succeeded();
+    if (scan && !(await ensureKubeletJumps(this.runner, this.tools, this.log, scan))) this.fullSync.request();
     iptablesRulesLastSync.set({ ip_family: this.family, table: "filter" }, plan.filterRules);
     iptablesRulesTotal.set({ ip_family: this.family, table: "filter" }, plan.filterRules);
     iptablesRulesLastSync.set({ ip_family: this.family, table: "nat" }, plan.natRulesWritten);

@@ -37,6 +37,7 @@ import { KERNEL_COMMAND_TIMEOUT_MS, KernelModel } from "./kernel_model.ts";
 import { readKernel } from "./read_kernel.ts";
 import { type RenderContext, renderPort } from "./render.ts";
 import { type TouchedObjects, WantedState } from "./wanted_state.ts";
+import { FullSyncState } from "../full_sync_state.ts";
 
 /** Options of {@linkcode IpvsDataplane}. */
 export interface IpvsDataplaneOptions {
@@ -92,8 +93,7 @@ export class IpvsDataplane implements Dataplane {
   private lastIptables: string | null = null;
   private readonly drain: GracefulTermination;
 
-  private needFull = true;
-  private everSynced = false;
+  private readonly fullSync = new FullSyncState();
   private lock: Promise<unknown> = Promise.resolve();
   /** The batches of the last sync, kept only with the `keepLastBatches` option (tests, benches). */
   lastBatches: IpvsBatches | null = null;
@@ -113,7 +113,7 @@ export class IpvsDataplane implements Dataplane {
       intervalMs: opts.drainCheckIntervalMs ?? 60_000,
       exclusive: (fn) => this.exclusive(fn),
       onDeleteFailed: () => {
-        this.needFull = true;
+        this.fullSync.request();
       },
     });
   }
@@ -141,8 +141,8 @@ export class IpvsDataplane implements Dataplane {
    * KUBE-CLUSTER-IP. True when the next sync must be full.
    */
   async needsFullSync(): Promise<boolean> {
-    if (!this.everSynced) return false;
-    if (this.needFull) return true;
+    const known = this.fullSync.known();
+    if (known !== null) return known;
     const why = await this.exclusive(() =>
       driftReason({
         runner: this.runner,
@@ -154,7 +154,7 @@ export class IpvsDataplane implements Dataplane {
     );
     if (why === null) return false;
     this.log.info("ipvs state changed behind our back; next sync is full", { reason: why });
-    this.needFull = true;
+    this.fullSync.request();
     return true;
   }
 
@@ -167,9 +167,9 @@ export class IpvsDataplane implements Dataplane {
   }
 
   private async syncLocked(snapshot: ProxySnapshot): Promise<SyncResult> {
-    const full = this.needFull || snapshot.changedServices === null || !this.everSynced;
+    const full = this.fullSync.isFull(snapshot);
     // Until this sync succeeds, the next one must be full.
-    this.needFull = true;
+    this.fullSync.request();
     let jumps = { nat: "", filter: "" };
     if (full) jumps = await readKernel(this.kernel, this.runner, this.family, this.opts.iptables.save);
     const tGen = performance.now();
@@ -258,8 +258,7 @@ export class IpvsDataplane implements Dataplane {
       kernel.dummyExists = true;
     }
     const applyMs = performance.now() - tApply;
-    this.needFull = false;
-    this.everSynced = true;
+    this.fullSync.succeeded();
     this.drain.checkSoon();
     this.log.v(2).info("SyncProxyRules complete", {
       full,
@@ -294,7 +293,7 @@ export class IpvsDataplane implements Dataplane {
     this.log.error(`Failed to execute ${cmd} ${args.join(" ")}`, r.stderr.trim(), {
       lines: m ? extractLines(input, Number(m[1])) : undefined,
     });
-    this.needFull = true;
+    this.fullSync.request();
     throw new CommandError({ cmd, args }, r.code === 0 ? 1 : r.code, r.stderr);
   }
 

@@ -49,6 +49,7 @@ import { PartialSyncTx } from "./partial_tx.ts";
 import { StaleChains } from "./stale_chains.ts";
 import type { Operation } from "./transaction.ts";
 import { localhostNodePortHandling, nftFamily, type NftRenderConfig } from "./rules.ts";
+import { FullSyncState } from "../full_sync_state.ts";
 
 export type { NftablesDataplaneOptions } from "./dataplane_options.ts";
 
@@ -70,8 +71,7 @@ export class NftablesDataplane implements Dataplane {
   private localhostRejects: readonly string[] = [];
   /** The loopback listeners of TCP NodePorts (gate on and loopback named in nodePortAddresses). */
   private localhostProxy: LocalhostNodePortProxy | null = null;
-  private needFull = true;
-  private everSynced = false;
+  private readonly fullSync = new FullSyncState();
   private baseChainsRecreated = false;
 
   /** The state each port in the kernel was rendered from (rendered again to know what the kernel holds). */
@@ -100,8 +100,8 @@ export class NftablesDataplane implements Dataplane {
    * (the table vanished, or the addresses accepting NodePorts changed).
    */
   async needsFullSync(): Promise<boolean> {
-    if (!this.everSynced) return false;
-    if (this.needFull) return true;
+    const known = this.fullSync.known();
+    if (known !== null) return known;
     await this.deleteStaleChains();
     const exists = await this.nft.tableExists().catch((err) => {
       this.log.error("Checking for the nftables table failed", err);
@@ -111,7 +111,7 @@ export class NftablesDataplane implements Dataplane {
       this.log.info("nftables table is gone (flushed externally?); next sync is full", {
         table: `${this.fam} ${TABLE}`,
       });
-      this.needFull = true;
+      this.fullSync.request();
       return true;
     }
     if (this.npa !== null && !this.npa.matchAll) {
@@ -121,7 +121,7 @@ export class NftablesDataplane implements Dataplane {
         this.log.info("Node addresses accepting NodePorts changed; next sync is full", {
           ips: this.nodePortIPs,
         });
-        this.needFull = true;
+        this.fullSync.request();
         return true;
       }
     }
@@ -171,7 +171,7 @@ export class NftablesDataplane implements Dataplane {
       // If the chains still exist the next full sync finds them and flushes them again.
       this.log.error("Unable to delete stale chains; will retry later", err);
       nftablesCleanupFailuresTotal.inc({ ip_family: this.family });
-      this.needFull = true;
+      this.fullSync.request();
     }
   }
 
@@ -214,7 +214,7 @@ export class NftablesDataplane implements Dataplane {
     const due = this.staleChains.takeDue();
     let deleted = 0;
 
-    let full = this.needFull || snapshot.changedServices === null;
+    let full = this.fullSync.isFull(snapshot);
     const cfg = this.renderConfig(snapshot);
     if (this.cfg === null || this.cfg.nodeIP !== cfg.nodeIP) {
       // Every port renders differently now (the source-range self-allow depends on the node IP).
@@ -270,7 +270,7 @@ export class NftablesDataplane implements Dataplane {
       nftablesSyncFailuresTotal.inc({ ip_family: this.family });
       // The flushes of stale chains did not happen: the next full sync finds them again.
       this.staleChains.clear();
-      this.needFull = true;
+      this.fullSync.request();
       if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
       throw err;
     }
@@ -282,8 +282,7 @@ export class NftablesDataplane implements Dataplane {
     commit();
     this.localhostProxy?.sync(localhostNodePorts(snapshot));
     if (full) this.baseChainsRecreated = true;
-    this.needFull = false;
-    this.everSynced = true;
+    this.fullSync.succeeded();
     this.log.v(2).info("SyncProxyRules complete", {
       full,
       bytes,
