@@ -352,7 +352,8 @@ export class KubeApiServer {
       "127.0.0.1",
       String(API_SERVER_PORT),
     ]);
-    await this.#forwarder.waitForOutput(/^ready$/m, 15_000);
+    // A bound on a hang (a Deno process's start; see Sandbox.startServer), not a speed check.
+    await this.#forwarder.waitForOutput(/^ready$/m, 120_000);
     this.#relay = TcpToUnixRelay.start(socket);
     const dir = this.dir;
     this.#client = Deno.createHttpClient({

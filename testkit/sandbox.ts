@@ -534,7 +534,9 @@ export class Sandbox {
     if (opts.bind) args.push("--bind", opts.bind);
     const script = new URL("./pod_server.ts", import.meta.url).pathname;
     const proc = this.spawnDeno(ns, script, args);
-    await proc.waitForOutput(/^ready$/m, 15_000);
+    // A bound on a hang, not a speed check: a Deno process's start took ~30 s in the emulated IPVS VM beside a
+    // CPU hog (issue 20), and a pod server that never starts fails here after 2 minutes.
+    await proc.waitForOutput(/^ready$/m, 120_000);
     return proc;
   }
 

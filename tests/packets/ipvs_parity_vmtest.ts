@@ -86,7 +86,9 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async (t) => {
-    const api = await KubeApiServer.start({ tokenUsers: [UPSTREAM_USER, OUR_USER], readyTimeoutMs: 180_000 });
+    // A bound on a hang: kube-apiserver and etcd in the emulated VM beside a CPU hog and a second VM were not
+    // ready after 180 s once (their /readyz requests timing out); a quiet VM is ready in under a minute.
+    const api = await KubeApiServer.start({ tokenUsers: [UPSTREAM_USER, OUR_USER], readyTimeoutMs: 420_000 });
     try {
       const state = await setUpCluster(api);
       await t.step(
