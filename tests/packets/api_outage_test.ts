@@ -35,11 +35,14 @@ const OUTAGE_MS = 3000;
  * doubling, times [1, 2) jitter (lib/kube/reflector.ts, as client-go): retry k happens
  * 0.8*(2^k-1) .. 1.6*(2^k-1) s after the connection broke, i.e.
  * retries 1-3 within [0.8, 1.6], [2.4, 4.8], [5.6, 11.2] s. A server back before 5.6 s is therefore
- * contacted again at the latest 11.2 s after the outage began, i.e. under ~8 s after it is back; 15 s
- * after its return leaves room for the relist and a sync.
+ * contacted again at the latest 11.2 s after the outage began, i.e. under ~8 s after it is back. The
+ * replacement server refuses the agent's resourceVersion ("Too large resource version"), and the relist after
+ * that waits out the next backoff step, 6.4 s times [1, 2) jitter: up to 12.8 s more (seen: 10.2 and 12.1 s in
+ * a run beside a CPU hog, where the 15 s this bound used to be ran out). 30 s after the server's return covers
+ * both and the relist and a sync.
  */
 const SERVER_BACK_BEFORE_MS = 5600;
-const CONVERGE_MS = 15_000;
+const CONVERGE_MS = 30_000;
 
 function startAgent(sb: Sandbox, kubeconfig: string): SandboxProcess {
   return startSandboxAgent(sb, kubeconfig, { nodeName: NODE, syncPeriodS: SYNC_PERIOD_S });
