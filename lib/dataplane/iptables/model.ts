@@ -152,6 +152,14 @@ export function parseRule(chain: string, words: readonly string[], text = joinWo
       current = targetOptions;
       continue;
     }
+    if (w.startsWith("--") && current === null) {
+      // `-p tcp --dport 80` without `-m tcp`: iptables loads the protocol's match implicitly.
+      const proto = builtin.find((o) => o.name === "protocol")?.values[0]?.toLowerCase();
+      if (proto === "tcp" || proto === "udp" || proto === "sctp") {
+        current = [];
+        modules.push({ module: proto, options: current });
+      }
+    }
     if (w.startsWith("--") && current !== null) {
       const values: string[] = [];
       while (i + 1 < words.length && !words[i + 1].startsWith("-") && words[i + 1] !== "!") {

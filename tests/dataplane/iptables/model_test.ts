@@ -59,6 +59,12 @@ Deno.test("iptables model: the spellings of the tools compare equal, real differ
   );
   const base = parseRule("KUBE-SVC-X", splitWords(`-d 10.96.0.1 -p tcp -m tcp --dport 80 -j KUBE-SEP-A`));
   for (const r of [otherPort, otherIP, negated]) assert.notEqual(r.key, base.key, r.text);
+  // iptables loads the protocol's match for --dport by itself; iptables-save prints it.
+  assert.equal(
+    parseRule("C", splitWords("-p tcp --dport 80 -j ACCEPT")).key,
+    parseRule("C", splitWords("-p tcp -m tcp --dport 80 -j ACCEPT")).key,
+  );
+  assert.throws(() => parseRule("C", splitWords("--dport 80 -j ACCEPT")), IptablesParseError);
   assert.equal(
     parseRule("C", splitWords("-j MARK --or-mark 0x00004000")).key,
     parseRule("C", splitWords("-j MARK --or-mark 0x4000")).key,
