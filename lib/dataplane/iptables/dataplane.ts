@@ -48,7 +48,7 @@ import {
   type Plan,
   streamPayload,
 } from "./restore_payload.ts";
-import { FullSyncState } from "../full_sync_state.ts";
+import { type ModeSyncOutcome, SyncDriver } from "../sync_driver.ts";
 
 export type { IptablesDataplaneOptions } from "./settings.ts";
 export { type BuiltPayload, failedLine } from "./restore_payload.ts";
@@ -79,7 +79,7 @@ export class IptablesDataplane implements Dataplane {
   private readonly chunkBytes: number;
   /** Chains of each port as last successfully written. */
   private applied = new Map<string, PortChains>();
-  private readonly fullSync = new FullSyncState();
+  private readonly driver: SyncDriver;
   private largeCluster = false;
   /** The nft backend's scale warning (once per dataplane). */
   private readonly nftScaleWarning: NftBackendScaleWarning;
@@ -101,6 +101,7 @@ export class IptablesDataplane implements Dataplane {
     this.nfacct = opts.nfacct === undefined ? new NfacctCounters(this.runner, this.log) : opts.nfacct;
     this.chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
     this.nftScaleWarning = new NftBackendScaleWarning(this.tools, this.log);
+    this.driver = new SyncDriver({ mode: "iptables", family: this.family, logger: this.log });
   }
 
   /** v1.37 (#138571): in large-cluster mode (> 1000 endpoints at the last sync) no hourly full resync. */
@@ -110,7 +111,7 @@ export class IptablesDataplane implements Dataplane {
 
   /** Checks the mangle canary chain (cheap: mangle is small); true when it is gone and a full sync is due. */
   async needsFullSync(): Promise<boolean> {
-    const known = this.fullSync.known();
+    const known = this.driver.knownNeedsFull();
     if (known !== null) return known;
     const r = await this.runner.tryRun({
       cmd: this.tools.iptables,
@@ -121,7 +122,7 @@ export class IptablesDataplane implements Dataplane {
       this.log.info("iptables canary chain is gone (flushed externally?); next sync is full", {
         stderr: r.stderr.trim(),
       });
-      this.fullSync.request();
+      this.driver.requestFull();
       return true;
     }
     // Beyond upstream: a flush of nat KUBE-SERVICES alone (`iptables -t nat -F KUBE-SERVICES`) leaves the
@@ -138,7 +139,7 @@ export class IptablesDataplane implements Dataplane {
     this.log.info("nat KUBE-SERVICES was flushed or deleted externally; next sync is full", {
       stderr: svc.stderr.trim(),
     });
-    this.fullSync.request();
+    this.driver.requestFull();
     return true;
   }
 
@@ -173,16 +174,22 @@ export class IptablesDataplane implements Dataplane {
     return scanTables(this.runner, this.tools, this.cfg!.localhostNodePorts);
   }
 
-  /** Applies the snapshot. Rejects on failure; the next sync is then full. */
-  async sync(snapshot: ProxySnapshot): Promise<SyncResult> {
-    if (snapshot.family !== this.family) {
-      throw new Error(`iptables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
+  /** Applies the snapshot through the sync driver. Rejects on failure; the next sync is then full. */
+  sync(snapshot: ProxySnapshot): Promise<SyncResult> {
+    // A second sync while one streams is a caller's error (the proxier never overlaps them): refused at once
+    // rather than queued behind it.
+    if (this.streaming && snapshot.family === this.family) {
+      return Promise.reject(new Error("iptables dataplane: sync while another sync is streaming"));
     }
-    if (this.streaming) throw new Error("iptables dataplane: sync while another sync is streaming");
+    return this.driver.sync(snapshot, (full) => this.syncBody(snapshot, full));
+  }
+
+  /** This mode's part of a sync: settings, one streamed `iptables-restore`, what the kernel now has. */
+  private async syncBody(snapshot: ProxySnapshot, dueFull: boolean): Promise<ModeSyncOutcome> {
     if (!this.initialized) await this.init(snapshot);
     const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
     const nodeIP = this.nodeIPOf(snapshot);
-    let full = this.fullSync.isFull(snapshot);
+    let full = dueFull;
     const cfg0 = full ? await this.ensureCounters(this.cfg!) : this.cfg!;
     if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP || cfg0 !== this.cfg) {
       // Every block renders differently now: drop the cache and write everything.
@@ -226,14 +233,10 @@ export class IptablesDataplane implements Dataplane {
       const t = performance.now();
       for (const _ of gen) { /* discard */ }
       genTime.ms += performance.now() - t;
-    } catch (err) {
-      this.fullSync.request();
-      throw err;
     } finally {
       this.streaming = false;
     }
     const applyMs = performance.now() - tApply;
-    const generateMs = genTime.ms;
     const last = new Payload(plan, this.chunkBytes);
     this.lastPayload = last;
     if (r.code !== 0) {
@@ -243,27 +246,25 @@ export class IptablesDataplane implements Dataplane {
       });
       iptablesRestoreFailuresTotal.inc({ ip_family: this.family });
       if (!full) iptablesPartialRestoreFailuresTotal.inc({ ip_family: this.family });
-      this.fullSync.request();
       throw new CommandError({ cmd: this.tools.restore, args }, r.code, r.stderr);
     }
 
     // Success: remember what the kernel now has.
     this.commit(plan);
     this.servicesChainHasRules = plan.servicesChainHasRules;
-    this.fullSync.succeeded();
-    if (scan && !(await ensureKubeletJumps(this.runner, this.tools, this.log, scan))) this.fullSync.request();
+    const jumpsOk = scan === null || await ensureKubeletJumps(this.runner, this.tools, this.log, scan);
     iptablesRulesLastSync.set({ ip_family: this.family, table: "filter" }, plan.filterRules);
     iptablesRulesTotal.set({ ip_family: this.family, table: "filter" }, plan.filterRules);
     iptablesRulesLastSync.set({ ip_family: this.family, table: "nat" }, plan.natRulesWritten);
     iptablesRulesTotal.set({ ip_family: this.family, table: "nat" }, plan.natRulesTotal);
-    this.log.v(2).info("SyncProxyRules complete", {
+    return {
       full,
       bytes: plan.bytes,
-      generateMs: Math.round(generateMs * 10) / 10,
-      applyMs: Math.round(applyMs),
-      deletedChains: plan.deleted.length,
-    });
-    return { full, payloadBytes: plan.bytes, generateMs, applyMs };
+      generateMs: genTime.ms,
+      applyMs,
+      logFields: { deletedChains: plan.deleted.length },
+      nextFull: !jumpsOk,
+    };
   }
 
   /**

@@ -37,7 +37,7 @@ import { KERNEL_COMMAND_TIMEOUT_MS, KernelModel } from "./kernel_model.ts";
 import { readKernel } from "./read_kernel.ts";
 import { type RenderContext, renderPort } from "./render.ts";
 import { type TouchedObjects, WantedState } from "./wanted_state.ts";
-import { FullSyncState } from "../full_sync_state.ts";
+import { type ModeSyncOutcome, SyncDriver } from "../sync_driver.ts";
 
 /** Options of {@linkcode IpvsDataplane}. */
 export interface IpvsDataplaneOptions {
@@ -93,8 +93,7 @@ export class IpvsDataplane implements Dataplane {
   private lastIptables: string | null = null;
   private readonly drain: GracefulTermination;
 
-  private readonly fullSync = new FullSyncState();
-  private lock: Promise<unknown> = Promise.resolve();
+  private readonly driver: SyncDriver;
   /** The batches of the last sync, kept only with the `keepLastBatches` option (tests, benches). */
   lastBatches: IpvsBatches | null = null;
 
@@ -104,6 +103,7 @@ export class IpvsDataplane implements Dataplane {
     this.runner = opts.runner;
     this.clock = opts.clock ?? realClock;
     this.log = (opts.logger ?? rootLog).with({ ipFamily: opts.family });
+    this.driver = new SyncDriver({ mode: "ipvs", family: opts.family, logger: this.log });
     this.kernel = new KernelModel(opts.family, this.wanted, opts.excludeCIDRs ?? []);
     this.drain = new GracefulTermination({
       kernel: this.kernel,
@@ -113,16 +113,14 @@ export class IpvsDataplane implements Dataplane {
       intervalMs: opts.drainCheckIntervalMs ?? 60_000,
       exclusive: (fn) => this.exclusive(fn),
       onDeleteFailed: () => {
-        this.fullSync.request();
+        this.driver.requestFull();
       },
     });
   }
 
-  /** Serializes kernel writes (syncs and drain checks). */
+  /** Serializes kernel writes (syncs and drain checks) under the sync driver's lock. */
   private exclusive<T>(fn: () => Promise<T>): Promise<T> {
-    const p = this.lock.then(fn, fn);
-    this.lock = p.catch(() => undefined);
-    return p;
+    return this.driver.exclusive(fn);
   }
 
   /** Real servers being drained, as `key -r rs` strings (tests, debugging). */
@@ -141,7 +139,7 @@ export class IpvsDataplane implements Dataplane {
    * KUBE-CLUSTER-IP. True when the next sync must be full.
    */
   async needsFullSync(): Promise<boolean> {
-    const known = this.fullSync.known();
+    const known = this.driver.knownNeedsFull();
     if (known !== null) return known;
     const why = await this.exclusive(() =>
       driftReason({
@@ -154,22 +152,17 @@ export class IpvsDataplane implements Dataplane {
     );
     if (why === null) return false;
     this.log.info("ipvs state changed behind our back; next sync is full", { reason: why });
-    this.fullSync.request();
+    this.driver.requestFull();
     return true;
   }
 
-  /** Applies the snapshot. Rejects on failure; the next sync is then full. */
+  /** Applies the snapshot through the sync driver. Rejects on failure; the next sync is then full. */
   sync(snapshot: ProxySnapshot): Promise<SyncResult> {
-    if (snapshot.family !== this.family) {
-      return Promise.reject(new Error(`ipvs dataplane for ${this.family} got a ${snapshot.family} snapshot`));
-    }
-    return this.exclusive(() => this.syncLocked(snapshot));
+    return this.driver.sync(snapshot, (full) => this.syncBody(snapshot, full));
   }
 
-  private async syncLocked(snapshot: ProxySnapshot): Promise<SyncResult> {
-    const full = this.fullSync.isFull(snapshot);
-    // Until this sync succeeds, the next one must be full.
-    this.fullSync.request();
+  /** This mode's part of a sync: the wanted state re-rendered where it changed, then the tools' batches. */
+  private async syncBody(snapshot: ProxySnapshot, full: boolean): Promise<ModeSyncOutcome> {
     let jumps = { nat: "", filter: "" };
     if (full) jumps = await readKernel(this.kernel, this.runner, this.family, this.opts.iptables.save);
     const tGen = performance.now();
@@ -258,16 +251,8 @@ export class IpvsDataplane implements Dataplane {
       kernel.dummyExists = true;
     }
     const applyMs = performance.now() - tApply;
-    this.fullSync.succeeded();
     this.drain.checkSoon();
-    this.log.v(2).info("SyncProxyRules complete", {
-      full,
-      virtualServers: wanted.virtualServers.size,
-      bytes,
-      generateMs: Math.round(generateMs * 10) / 10,
-      applyMs: Math.round(applyMs),
-    });
-    return { full, payloadBytes: bytes, generateMs, applyMs };
+    return { full, bytes, generateMs, applyMs, logFields: { virtualServers: wanted.virtualServers.size } };
   }
 
   private rulesConfig() {
@@ -293,7 +278,7 @@ export class IpvsDataplane implements Dataplane {
     this.log.error(`Failed to execute ${cmd} ${args.join(" ")}`, r.stderr.trim(), {
       lines: m ? extractLines(input, Number(m[1])) : undefined,
     });
-    this.fullSync.request();
+    this.driver.requestFull();
     throw new CommandError({ cmd, args }, r.code === 0 ? 1 : r.code, r.stderr);
   }
 

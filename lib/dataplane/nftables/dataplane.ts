@@ -49,7 +49,7 @@ import { PartialSyncTx } from "./partial_tx.ts";
 import { StaleChains } from "./stale_chains.ts";
 import type { Operation } from "./transaction.ts";
 import { localhostNodePortHandling, nftFamily, type NftRenderConfig } from "./rules.ts";
-import { FullSyncState } from "../full_sync_state.ts";
+import { type ModeSyncOutcome, SyncDriver } from "../sync_driver.ts";
 
 export type { NftablesDataplaneOptions } from "./dataplane_options.ts";
 
@@ -71,7 +71,7 @@ export class NftablesDataplane implements Dataplane {
   private localhostRejects: readonly string[] = [];
   /** The loopback listeners of TCP NodePorts (gate on and loopback named in nodePortAddresses). */
   private localhostProxy: LocalhostNodePortProxy | null = null;
-  private readonly fullSync = new FullSyncState();
+  private readonly driver: SyncDriver;
   private baseChainsRecreated = false;
 
   /** The state each port in the kernel was rendered from (rendered again to know what the kernel holds). */
@@ -94,15 +94,16 @@ export class NftablesDataplane implements Dataplane {
     this.nft = opts.nftables ?? new NftablesRunner({ family: this.fam, table: TABLE, runner: opts.runner });
     this.staleChains = new StaleChains(opts.now ?? (() => Date.now()));
     this.mark = masqueradeMark(opts.masqueradeBit ?? 14);
+    this.driver = new SyncDriver({ mode: "nftables", family: this.family, logger: this.log });
   }
   /**
    * Polled every syncPeriod: deletes stale chains that are old enough, and tells whether a full sync is due
    * (the table vanished, or the addresses accepting NodePorts changed).
    */
   async needsFullSync(): Promise<boolean> {
-    const known = this.fullSync.known();
+    const known = this.driver.knownNeedsFull();
     if (known !== null) return known;
-    await this.deleteStaleChains();
+    await this.driver.exclusive(() => this.deleteStaleChains());
     const exists = await this.nft.tableExists().catch((err) => {
       this.log.error("Checking for the nftables table failed", err);
       return false;
@@ -111,7 +112,7 @@ export class NftablesDataplane implements Dataplane {
       this.log.info("nftables table is gone (flushed externally?); next sync is full", {
         table: `${this.fam} ${TABLE}`,
       });
-      this.fullSync.request();
+      this.driver.requestFull();
       return true;
     }
     if (this.npa !== null && !this.npa.matchAll) {
@@ -121,7 +122,7 @@ export class NftablesDataplane implements Dataplane {
         this.log.info("Node addresses accepting NodePorts changed; next sync is full", {
           ips: this.nodePortIPs,
         });
-        this.fullSync.request();
+        this.driver.requestFull();
         return true;
       }
     }
@@ -171,7 +172,7 @@ export class NftablesDataplane implements Dataplane {
       // If the chains still exist the next full sync finds them and flushes them again.
       this.log.error("Unable to delete stale chains; will retry later", err);
       nftablesCleanupFailuresTotal.inc({ ip_family: this.family });
-      this.fullSync.request();
+      this.driver.requestFull();
     }
   }
 
@@ -200,11 +201,28 @@ export class NftablesDataplane implements Dataplane {
     };
   }
 
-  /** Applies the snapshot. Rejects on failure; the next sync is then full. */
-  async sync(snapshot: ProxySnapshot): Promise<SyncResult> {
-    if (snapshot.family !== this.family) {
-      throw new Error(`nftables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
-    }
+  /** Applies the snapshot through the sync driver. Rejects on failure; the next sync is then full. */
+  sync(snapshot: ProxySnapshot): Promise<SyncResult> {
+    let lines: string[] | null = null;
+    return this.driver.sync(snapshot, (full) => {
+      lines = this.opts.keepLastTransaction ? [] : null;
+      return this.syncBody(snapshot, full, lines);
+    }, (err) => {
+      const e = err as NftablesError;
+      this.log.error("nftables sync failed", e.message, { line: e.line, rule: e.inputLine });
+      nftablesSyncFailuresTotal.inc({ ip_family: this.family });
+      // The flushes of stale chains did not happen: the next full sync finds them again.
+      this.staleChains.clear();
+      if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
+    });
+  }
+
+  /** This mode's part of a sync: one `nft -f -` transaction (a full sync: several, new ports' chains first). */
+  private async syncBody(
+    snapshot: ProxySnapshot,
+    dueFull: boolean,
+    lines: string[] | null,
+  ): Promise<ModeSyncOutcome> {
     if (this.npa === null) {
       this.npa = newNodePortAddresses(this.family, this.opts.nodePortAddresses ?? [], snapshot.node.ips);
       this.localhostRejects = this.localhostRejectProtocols(this.npa);
@@ -214,7 +232,7 @@ export class NftablesDataplane implements Dataplane {
     const due = this.staleChains.takeDue();
     let deleted = 0;
 
-    let full = this.fullSync.isFull(snapshot);
+    let full = dueFull;
     const cfg = this.renderConfig(snapshot);
     if (this.cfg === null || this.cfg.nodeIP !== cfg.nodeIP) {
       // Every port renders differently now (the source-range self-allow depends on the node IP).
@@ -229,67 +247,47 @@ export class NftablesDataplane implements Dataplane {
     const tApply = performance.now();
     let bytes = 0;
     let commit: () => void;
-    const lines: string[] | null = this.opts.keepLastTransaction ? [] : null;
-    try {
-      if (full) {
-        await this.readNodePortIPs();
-        const existing = await this.listObjects();
-        const early = new Set<string>();
-        if (existing !== null) {
-          const portsPerRun = this.opts.precreatePorts ?? 1000;
-          const input = { nft: this.nft, family: this.family, cfg: this.cfg, portsPerRun };
-          bytes += await precreate(input, snapshot, existing, early, gen, lines);
-        }
-        const out = newFullResult();
-        let ops: Iterable<Operation> = timed(this.fullOps(snapshot, existing, due, out, early), gen);
-        if (lines !== null) ops = recorded(ops, lines, this.fam);
-        bytes += await this.nft.runOperations(ops);
-        commit = () => this.commitFull(snapshot, out);
-        deleted = out.deleted.length;
-      } else {
-        const t = performance.now();
-        const tx = new PartialSyncTx();
-        const changes = buildPartial(snapshot, tx, due, {
-          cfg: this.cfg,
-          family: this.family,
-          written: this.written,
-          elements: this.elements,
-          staleChains: this.staleChains,
-        });
-        commit = () => this.commitPartial(changes);
-        deleted = due.size;
-        const transaction = tx.build(this.nft);
-        bytes = transaction.byteLength();
-        gen.ms = performance.now() - t;
-        if (lines !== null) lines.push(...transaction.lines());
-        await this.nft.run(transaction);
+    if (full) {
+      await this.readNodePortIPs();
+      const existing = await this.listObjects();
+      const early = new Set<string>();
+      if (existing !== null) {
+        const portsPerRun = this.opts.precreatePorts ?? 1000;
+        const input = { nft: this.nft, family: this.family, cfg: this.cfg, portsPerRun };
+        bytes += await precreate(input, snapshot, existing, early, gen, lines);
       }
-    } catch (err) {
-      const e = err as NftablesError;
-      this.log.error("nftables sync failed", e.message, { line: e.line, rule: e.inputLine });
-      nftablesSyncFailuresTotal.inc({ ip_family: this.family });
-      // The flushes of stale chains did not happen: the next full sync finds them again.
-      this.staleChains.clear();
-      this.fullSync.request();
-      if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
-      throw err;
+      const out = newFullResult();
+      let ops: Iterable<Operation> = timed(this.fullOps(snapshot, existing, due, out, early), gen);
+      if (lines !== null) ops = recorded(ops, lines, this.fam);
+      bytes += await this.nft.runOperations(ops);
+      commit = () => this.commitFull(snapshot, out);
+      deleted = out.deleted.length;
+    } else {
+      const t = performance.now();
+      const tx = new PartialSyncTx();
+      const changes = buildPartial(snapshot, tx, due, {
+        cfg: this.cfg,
+        family: this.family,
+        written: this.written,
+        elements: this.elements,
+        staleChains: this.staleChains,
+      });
+      commit = () => this.commitPartial(changes);
+      deleted = due.size;
+      const transaction = tx.build(this.nft);
+      bytes = transaction.byteLength();
+      gen.ms = performance.now() - t;
+      if (lines !== null) lines.push(...transaction.lines());
+      await this.nft.run(transaction);
     }
     const applyMs = performance.now() - tApply;
-    const generateMs = gen.ms;
     if (deleted > 0) this.log.info("Deleted stale nftables chains", { numChains: deleted });
     // A full sync's text is as big as the payload (50 MiB at 10k × 10): not kept unless asked for.
     if (lines !== null) this.lastTransaction = lines.length ? lines.join("\n") + "\n" : "";
     commit();
     this.localhostProxy?.sync(localhostNodePorts(snapshot));
     if (full) this.baseChainsRecreated = true;
-    this.fullSync.succeeded();
-    this.log.v(2).info("SyncProxyRules complete", {
-      full,
-      bytes,
-      generateMs: Math.round(generateMs * 10) / 10,
-      applyMs: Math.round(applyMs),
-    });
-    return { full, payloadBytes: bytes, generateMs, applyMs };
+    return { full, bytes, generateMs: gen.ms, applyMs };
   }
 
   /**
