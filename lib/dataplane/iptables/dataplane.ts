@@ -34,7 +34,7 @@ import { type IptablesTools, iptablesTools } from "../iptables_backend.ts";
 import type { PortChains } from "./chain_names.ts";
 import { NfacctCounters } from "./nfacct.ts";
 import { collectChunks, DEFAULT_CHUNK_BYTES, extractLines, SectionCache, timed } from "../payload.ts";
-import { familyNodeIP, type NodePortAddresses, nodePortIPs } from "../../net/node_addresses.ts";
+import { NodeFacts } from "../../net/node_facts.ts";
 import { LARGE_CLUSTER_ENDPOINTS_THRESHOLD, type RenderConfig, type ServicePortBlock } from "./rules.ts";
 import { KUBE_PROXY_CANARY } from "./static_rules.ts";
 import { ensureCounters, initialSettings, type IptablesDataplaneOptions } from "./settings.ts";
@@ -61,12 +61,12 @@ export class IptablesDataplane implements Dataplane {
   private readonly runner: CommandRunner;
   private readonly log: Logger;
   private readonly opts: IptablesDataplaneOptions;
-  private readonly npaEntries: readonly string[];
+  /** The node's IP, nodePortAddresses and addresses accepting NodePorts. */
+  private readonly node: NodeFacts;
   private readonly randomFully: boolean;
   private readonly nfacct: NfacctCounters | null;
 
   private cfg: RenderConfig | null = null;
-  private npa: NodePortAddresses | null = null;
   private conntrackLiberal = false;
   private initialized = false;
 
@@ -96,7 +96,14 @@ export class IptablesDataplane implements Dataplane {
     this.log = (opts.logger ?? rootLog).with({ ipFamily: opts.family });
     const be = opts.backend ?? "system";
     this.tools = typeof be === "string" ? iptablesTools(be, opts.family) : be;
-    this.npaEntries = opts.nodePortAddresses ?? [];
+    this.node = new NodeFacts({
+      family: opts.family,
+      bindAddress: opts.nodeIP,
+      nodePortAddresses: opts.nodePortAddresses,
+      localAddresses: opts.nodeAddresses,
+      runner: opts.runner,
+      logger: this.log,
+    });
     this.randomFully = opts.randomFully ?? true;
     this.nfacct = opts.nfacct === undefined ? new NfacctCounters(this.runner, this.log) : opts.nfacct;
     this.chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
@@ -144,10 +151,9 @@ export class IptablesDataplane implements Dataplane {
   }
 
   /** First-sync setup: sysctls and settings that need the node's IPs (see {@linkcode initialSettings}). */
-  private async init(snapshot: ProxySnapshot): Promise<void> {
-    const ctx = { family: this.family, runner: this.runner, log: this.log, npaEntries: this.npaEntries };
-    const init = await initialSettings(this.opts, ctx, snapshot.node.ips, this.nodeIPOf(snapshot));
-    this.npa = init.npa;
+  private async init(): Promise<void> {
+    const ctx = { family: this.family, runner: this.runner, log: this.log };
+    const init = await initialSettings(this.opts, ctx, this.node.nodePortAddresses, this.node.nodeIP);
     this.conntrackLiberal = init.conntrackLiberal;
     this.cfg = init.cfg;
     this.initialized = true;
@@ -158,15 +164,9 @@ export class IptablesDataplane implements Dataplane {
     return ensureCounters(this.nfacct, this.conntrackLiberal, cfg);
   }
 
-  /** The node IP for the source-range self-allow: the `nodeIP` option (bindAddress) wins over the Node's IPs. */
-  private nodeIPOf(snapshot: ProxySnapshot): string | null {
-    return familyNodeIP(this.family, this.opts.nodeIP, snapshot.node.ips);
-  }
-
   /** Reads the node's addresses matching CIDR nodePortAddresses (nothing runs when they match all). */
   private async readNodePortIPs(): Promise<void> {
-    const ips = await nodePortIPs(this.npa!, this.runner, this.log, this.opts.nodeAddresses);
-    this.nodePortIPs = ips;
+    this.nodePortIPs = await this.node.nodePortIPs();
   }
 
   /** One iptables-save per table (see {@linkcode scanTables}). */
@@ -186,9 +186,10 @@ export class IptablesDataplane implements Dataplane {
 
   /** This mode's part of a sync: settings, one streamed `iptables-restore`, what the kernel now has. */
   private async syncBody(snapshot: ProxySnapshot, dueFull: boolean): Promise<ModeSyncOutcome> {
-    if (!this.initialized) await this.init(snapshot);
+    this.node.observe(snapshot.node.ips);
+    if (!this.initialized) await this.init();
     const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
-    const nodeIP = this.nodeIPOf(snapshot);
+    const nodeIP = this.node.nodeIP;
     let full = dueFull;
     const cfg0 = full ? await this.ensureCounters(this.cfg!) : this.cfg!;
     if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP || cfg0 !== this.cfg) {
@@ -279,9 +280,10 @@ export class IptablesDataplane implements Dataplane {
       throw new Error(`iptables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
     }
     if (this.streaming) throw new Error("iptables dataplane: check while a sync is streaming");
-    if (!this.initialized) await this.init(snapshot);
+    this.node.observe(snapshot.node.ips);
+    if (!this.initialized) await this.init();
     const largeCluster = snapshot.totalEndpoints > LARGE_CLUSTER_ENDPOINTS_THRESHOLD;
-    const nodeIP = this.nodeIPOf(snapshot);
+    const nodeIP = this.node.nodeIP;
     const cfg0 = await this.ensureCounters(this.cfg!);
     if (largeCluster !== this.largeCluster || nodeIP !== cfg0.nodeIP || cfg0 !== this.cfg) {
       // Render-cache settings, as in sync (which compares them again and re-renders when they differ).
@@ -345,7 +347,7 @@ export class IptablesDataplane implements Dataplane {
     return newPlan(snapshot, cfg, full, scan, {
       conntrackLiberal: this.conntrackLiberal,
       randomFully: this.randomFully,
-      nodePortsMatchAll: this.npa!.matchAll,
+      nodePortsMatchAll: this.node.nodePortAddresses.matchAll,
       nodePortIPs: this.nodePortIPs,
     });
   }

@@ -9,7 +9,7 @@ import type { CommandRunner } from "../../exec.ts";
 import type { Logger } from "../../log.ts";
 import { ensureSysctl, readSysctl } from "../../sysctl.ts";
 import type { IPFamily } from "../../proxy/types.ts";
-import { newNodePortAddresses, type NodePortAddresses } from "../../net/node_addresses.ts";
+import type { NodePortAddresses } from "../../net/node_addresses.ts";
 import type { IptablesBackend, IptablesTools } from "../iptables_backend.ts";
 import { type LocalTrafficDetector, noOpLocalDetector } from "./local_detector.ts";
 import { CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED, type NfacctCounters } from "./nfacct.ts";
@@ -61,13 +61,10 @@ export interface SetupContext {
   family: IPFamily;
   runner: CommandRunner;
   log: Logger;
-  /** The nodePortAddresses entries (the option, default empty). */
-  npaEntries: readonly string[];
 }
 
 /** The settings the first sync sets up. */
 export interface InitialSettings {
-  npa: NodePortAddresses;
   /** `nf_conntrack_tcp_be_liberal` is set (the option, else read from the kernel). */
   conntrackLiberal: boolean;
   /** Render settings, without nfacct counters yet. */
@@ -75,17 +72,16 @@ export interface InitialSettings {
 }
 
 /**
- * First-sync setup: sysctls and settings that need the node's IPs (`nodeIPs` from the Node, `nodeIP` this
- * family's node IP for the source-range self-allow).
+ * First-sync setup: sysctls and settings that need the node's facts (`npa` the family's nodePortAddresses,
+ * `nodeIP` its node IP for the source-range self-allow).
  */
 export async function initialSettings(
   o: IptablesDataplaneOptions,
   ctx: SetupContext,
-  nodeIPs: readonly string[],
+  npa: NodePortAddresses,
   nodeIP: string | null,
 ): Promise<InitialSettings> {
   const { family, runner, log } = ctx;
-  const npa = newNodePortAddresses(family, ctx.npaEntries, nodeIPs);
   const localhostNodePorts = (o.localhostNodePorts ?? true) && family === "IPv4" && npa.containsIPv4Loopback;
   if (localhostNodePorts) {
     // Upstream logs and goes on: localhost NodePorts then do not work, everything else does.
@@ -110,7 +106,7 @@ export async function initialSettings(
     nfacctInvalidDrop: false,
     nfacctLocalhostNodePorts: false,
   };
-  return { npa, conntrackLiberal, cfg };
+  return { conntrackLiberal, cfg };
 }
 
 /**

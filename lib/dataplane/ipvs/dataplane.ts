@@ -21,8 +21,8 @@
 import { CommandError, type CommandRunner } from "../../exec.ts";
 import { log as rootLog, type Logger } from "../../log.ts";
 import { iptablesRestoreFailuresTotal } from "../../metrics.ts";
-import { cidrContains, type IPFamily } from "../../net/ip.ts";
-import { familyNodeIP, newNodePortAddresses, type NodePortAddresses } from "../../net/node_addresses.ts";
+import type { IPFamily } from "../../net/ip.ts";
+import { NodeFacts } from "../../net/node_facts.ts";
 import { type Clock, realClock } from "../../proxy/clock.ts";
 import { sameRenderedState } from "../../proxy/state_equality.ts";
 import type { Dataplane, ProxySnapshot, SyncResult } from "../../proxy/types.ts";
@@ -82,7 +82,8 @@ export class IpvsDataplane implements Dataplane {
   private readonly opts: IpvsDataplaneOptions;
   private readonly log: Logger;
   private readonly clock: Clock;
-  private npa: NodePortAddresses | null = null;
+  /** The node's IP and nodePortAddresses (its local addresses are read with the kernel state). */
+  private readonly node: NodeFacts;
 
   /** What is wanted (rendered ports and reference counts). */
   private readonly wanted = new WantedState();
@@ -104,6 +105,13 @@ export class IpvsDataplane implements Dataplane {
     this.clock = opts.clock ?? realClock;
     this.log = (opts.logger ?? rootLog).with({ ipFamily: opts.family });
     this.driver = new SyncDriver({ mode: "ipvs", family: opts.family, logger: this.log });
+    this.node = new NodeFacts({
+      family: opts.family,
+      bindAddress: opts.nodeIP,
+      nodePortAddresses: opts.nodePortAddresses,
+      runner: opts.runner,
+      logger: this.log,
+    });
     this.kernel = new KernelModel(opts.family, this.wanted, opts.excludeCIDRs ?? []);
     this.drain = new GracefulTermination({
       kernel: this.kernel,
@@ -283,21 +291,14 @@ export class IpvsDataplane implements Dataplane {
   }
 
   private renderContext(snapshot: ProxySnapshot): RenderContext {
-    const o = this.opts;
-    if (this.npa === null) {
-      this.npa = newNodePortAddresses(this.family, o.nodePortAddresses ?? [], snapshot.node.ips);
-    }
-    const npa = this.npa;
+    this.node.observe(snapshot.node.ips);
     const nodeAddresses = this.kernel.nodeAddresses;
-    const nodePortIPs = npa.matchAll
-      ? nodeAddresses
-      : nodeAddresses.filter((ip) => npa.cidrs.some((c) => cidrContains(c, ip)));
     return {
       family: this.family,
-      scheduler: o.scheduler || "rr",
-      nodePortIPs,
+      scheduler: this.opts.scheduler || "rr",
+      nodePortIPs: this.node.nodePortIPsAmong(nodeAddresses),
       nodeAddresses: new Set(nodeAddresses),
-      nodeIP: familyNodeIP(this.family, o.nodeIP, snapshot.node.ips),
+      nodeIP: this.node.nodeIP,
     };
   }
 

@@ -18,12 +18,8 @@ import type { CommandRunner } from "../../exec.ts";
 import { log as rootLog, type Logger } from "../../log.ts";
 import { nftablesCleanupFailuresTotal, nftablesSyncFailuresTotal } from "../../metrics.ts";
 import { isLoopback } from "../../net/ip.ts";
-import {
-  familyNodeIP,
-  newNodePortAddresses,
-  type NodePortAddresses,
-  nodePortIPs,
-} from "../../net/node_addresses.ts";
+import type { NodePortAddresses } from "../../net/node_addresses.ts";
+import { NodeFacts } from "../../net/node_facts.ts";
 import type { Dataplane, IPFamily, ProxySnapshot, ServicePortState, SyncResult } from "../../proxy/types.ts";
 import { NO_LOCAL_TRAFFIC } from "../local_traffic.ts";
 import { masqueradeMark } from "../masquerade.ts";
@@ -64,7 +60,8 @@ export class NftablesDataplane implements Dataplane {
   private readonly mark: string;
 
   private cfg: NftRenderConfig | null = null;
-  private npa: NodePortAddresses | null = null;
+  /** The node's IP, nodePortAddresses and addresses accepting NodePorts. */
+  private readonly node: NodeFacts;
   private nodePortIPs: string[] = [];
   private serviceCIDRs: readonly string[] = [];
   /** Protocols whose localhost NodePort traffic is rejected (set with the node port addresses). */
@@ -95,6 +92,14 @@ export class NftablesDataplane implements Dataplane {
     this.staleChains = new StaleChains(opts.now ?? (() => Date.now()));
     this.mark = masqueradeMark(opts.masqueradeBit ?? 14);
     this.driver = new SyncDriver({ mode: "nftables", family: this.family, logger: this.log });
+    this.node = new NodeFacts({
+      family: opts.family,
+      bindAddress: opts.nodeIP,
+      nodePortAddresses: opts.nodePortAddresses,
+      localAddresses: opts.nodeAddresses,
+      runner: opts.runner,
+      logger: this.log,
+    });
   }
   /**
    * Polled every syncPeriod: deletes stale chains that are old enough, and tells whether a full sync is due
@@ -115,7 +120,7 @@ export class NftablesDataplane implements Dataplane {
       this.driver.requestFull();
       return true;
     }
-    if (this.npa !== null && !this.npa.matchAll) {
+    if (this.node.observed && !this.node.nodePortAddresses.matchAll) {
       const before = this.nodePortIPs.join(",");
       await this.readNodePortIPs();
       if (this.nodePortIPs.join(",") !== before) {
@@ -127,6 +132,13 @@ export class NftablesDataplane implements Dataplane {
       }
     }
     return false;
+  }
+
+  /** Takes the snapshot's node IPs; the first snapshot also settles the localhost NodePort handling. */
+  private observeNode(snapshot: ProxySnapshot): void {
+    const first = !this.node.observed;
+    this.node.observe(snapshot.node.ips);
+    if (first) this.localhostRejects = this.localhostRejectProtocols(this.node.nodePortAddresses);
   }
 
   /** Upstream's localhostNodePortRejectProtocols for this family's nodePortAddresses (and its listeners). */
@@ -142,7 +154,7 @@ export class NftablesDataplane implements Dataplane {
   }
 
   private async readNodePortIPs(): Promise<void> {
-    const ips = await nodePortIPs(this.npa!, this.runner, this.log, this.opts.nodeAddresses);
+    const ips = await this.node.nodePortIPs();
     this.nodePortIPs = [];
     for (const ip of ips) {
       if (isLoopback(ip)) {
@@ -189,14 +201,15 @@ export class NftablesDataplane implements Dataplane {
     }
   }
 
-  private renderConfig(snapshot: ProxySnapshot): NftRenderConfig {
+  /** The render settings now (the node IP as the last observed snapshot gives it). */
+  private renderConfig(): NftRenderConfig {
     const o = this.opts;
     return {
       family: this.family,
       mark: this.mark,
       masqueradeAll: o.masqueradeAll ?? false,
       localTraffic: o.localTraffic ?? NO_LOCAL_TRAFFIC,
-      nodeIP: familyNodeIP(this.family, o.nodeIP, snapshot.node.ips),
+      nodeIP: this.node.nodeIP,
       localhostRejects: this.localhostRejects,
     };
   }
@@ -223,17 +236,14 @@ export class NftablesDataplane implements Dataplane {
     dueFull: boolean,
     lines: string[] | null,
   ): Promise<ModeSyncOutcome> {
-    if (this.npa === null) {
-      this.npa = newNodePortAddresses(this.family, this.opts.nodePortAddresses ?? [], snapshot.node.ips);
-      this.localhostRejects = this.localhostRejectProtocols(this.npa);
-    }
+    this.observeNode(snapshot);
     // Chains emptied at least a second ago: deleted at the end of this sync's transaction (unless it uses them
     // again). Taken out of the waiting list now, so that the syncPeriod poll does not delete them too.
     const due = this.staleChains.takeDue();
     let deleted = 0;
 
     let full = dueFull;
-    const cfg = this.renderConfig(snapshot);
+    const cfg = this.renderConfig();
     if (this.cfg === null || this.cfg.nodeIP !== cfg.nodeIP) {
       // Every port renders differently now (the source-range self-allow depends on the node IP).
       this.cfg = cfg;
@@ -301,12 +311,9 @@ export class NftablesDataplane implements Dataplane {
     if (snapshot.family !== this.family) {
       throw new Error(`nftables dataplane for ${this.family} got a ${snapshot.family} snapshot`);
     }
-    if (this.npa === null) {
-      this.npa = newNodePortAddresses(this.family, this.opts.nodePortAddresses ?? [], snapshot.node.ips);
-      this.localhostRejects = this.localhostRejectProtocols(this.npa);
-    }
+    this.observeNode(snapshot);
     const due = this.staleChains.due();
-    const fresh = this.renderConfig(snapshot);
+    const fresh = this.renderConfig();
     const cfg = this.cfg === null || this.cfg.nodeIP !== fresh.nodeIP ? fresh : this.cfg;
     const tx = this.nft.newTransaction();
     const savedIPs = this.nodePortIPs;
@@ -341,7 +348,7 @@ export class NftablesDataplane implements Dataplane {
     const setup = {
       family: this.family,
       mark: this.mark,
-      nodePortsMatchAll: this.npa!.matchAll,
+      nodePortsMatchAll: this.node.nodePortAddresses.matchAll,
       nodePortIPs: this.nodePortIPs,
       serviceCIDRs,
       recreateBaseChains: !this.baseChainsRecreated,
