@@ -2,19 +2,26 @@
  * `explain --live` in the ipvs mode: the node's IPVS virtual server for the packet (`ipvsadm -S -n`), its
  * entries in the ipsets the path names (`ipset save`) and its address on kube-ipvs0 (`ip -o addr`), compared
  * with what the agent would write now (the rendered `ipvsadm -R`, `ipset restore` and `ip -batch` input,
- * which use the same line forms the tools print).
+ * which use the same line forms the tools print); and the packet traced through the node's objects (iptables
+ * rules, ipsets, virtual servers, kube-ipvs0) beside the trace through the agent's.
  * @module
  */
+import type { Trace, TracePacket } from "../dataplane/iptables/trace.ts";
 import type { CommandRunner } from "../exec.ts";
 import { type IPFamily, joinHostPort } from "../net/ip.ts";
 import type { FirstSync } from "./engine.ts";
 import { diffLines, type DriftLine, formatDrift } from "./explain_drift.ts";
+import { formatTrace, sameOutcome } from "./explain_trace.ts";
+import { readLiveIpvs, renderedIpvs, traceIpvs } from "./explain_trace_ipvs.ts";
 
 /** The comparison `explain --live` prints in the ipvs mode. */
 export interface IpvsLiveComparison {
   /** The virtual server as the kernel has it (its `-A` and `-a` lines), empty when there is none. */
   readonly virtualServer: readonly string[];
   readonly drift: readonly DriftLine[];
+  /** The packet traced through the node's objects, and through the agent's. */
+  readonly live: Trace;
+  readonly rendered: Trace;
 }
 
 const PROTO_FLAG: Readonly<Record<string, string>> = { tcp: "-t", udp: "-u", sctp: "--sctp-service" };
@@ -53,6 +60,7 @@ export async function compareLiveIpvs(
   family: IPFamily,
   names: readonly string[],
   packet: { dst: string; port: number; proto: string },
+  traced: TracePacket,
 ): Promise<IpvsLiveComparison> {
   const input = (cmd: string) =>
     sync.commands.filter((c) => c.family === family && c.cmd === cmd).map((c) => c.stdin).join("\n");
@@ -81,7 +89,8 @@ export async function compareLiveIpvs(
       line: `${packet.dst}/${prefix}`,
     });
   }
-  return { virtualServer: liveVS, drift };
+  const live = traceIpvs(await readLiveIpvs(runner, family), traced);
+  return { virtualServer: liveVS, drift, live, rendered: traceIpvs(renderedIpvs(sync, family), traced) };
 }
 
 /** The comparison as text for a terminal. */
@@ -90,5 +99,14 @@ export function formatLiveIpvs(c: IpvsLiveComparison): string {
   if (c.virtualServer.length === 0) lines.push("              none");
   for (const l of c.virtualServer) lines.push(`              ${l}`);
   lines.push(...formatDrift(c.drift));
+  lines.push(
+    "Traced:     the kernel's objects (rules, ipsets, virtual servers, kube-ipvs0) take this packet to:",
+  );
+  lines.push(...formatTrace(c.live));
+  if (sameOutcome(c.live, c.rendered)) lines.push("  as the agent's objects would.");
+  else {
+    lines.push("  the agent's objects would take it to:");
+    lines.push(...formatTrace(c.rendered, "    "));
+  }
   return lines.join("\n") + "\n";
 }

@@ -119,7 +119,8 @@ function outcomeKey(t: Trace): string {
     .join("; ");
 }
 
-function sameOutcome(a: Trace, b: Trace): boolean {
+/** Whether two traces end the same (same verdicts, endpoints, masquerading and shares). */
+export function sameOutcome(a: Trace, b: Trace): boolean {
   return outcomeKey(a) === outcomeKey(b);
 }
 

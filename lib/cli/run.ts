@@ -249,7 +249,7 @@ export async function runSubcommand(argv: readonly string[], io: SubcommandIO = 
 
 /**
  * `explain --live`: the node's rules for the packet (iptables: traced; nftables: the path's objects compared;
- * ipvs: its virtual server, ipset entries and kube-ipvs0 address compared).
+ * ipvs: its virtual server, ipset entries and kube-ipvs0 address compared, and traced).
  */
 async function explainLive(
   packet: PacketSpec,
@@ -270,11 +270,15 @@ async function explainLive(
   }
   if (opts.mode === "ipvs") {
     const names = e.steps.flatMap((s) => s.names);
-    const cmp = await compareLiveIpvs(runner, sync, packet.family, names, {
-      dst: packet.destination,
-      port: packet.port,
-      proto: packet.protocol.toLowerCase(),
-    });
+    const origin = resolveOrigin(packet, sync, opts);
+    const cmp = await compareLiveIpvs(
+      runner,
+      sync,
+      packet.family,
+      names,
+      { dst: packet.destination, port: packet.port, proto: packet.protocol.toLowerCase() },
+      tracePacket(packet, origin.src, origin.from, origin.nodeIPs),
+    );
     return formatLiveIpvs(cmp);
   }
   const origin = resolveOrigin(packet, sync, opts);

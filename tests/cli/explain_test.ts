@@ -330,7 +330,7 @@ for (const mode of MODES) {
       } else {
         assert.equal(e.service, null, what);
       }
-      if (mode === "iptables") assertTracerAgrees(sync, c, e, what);
+      assertTracerAgrees(sync, c, e, what, mode);
     }
   });
 }

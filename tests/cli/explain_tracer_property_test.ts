@@ -1,10 +1,10 @@
 /**
  * Property test: for generated Services (every type, both traffic policies, affinity, externalIPs,
  * LoadBalancer source ranges, TCP and UDP) with generated endpoints (this node or another, ready, terminating
- * or dead; none at all), every packet explain is asked about in the iptables mode (ClusterIP from a pod, from
+ * or dead; none at all), every packet explain is asked about in every mode (ClusterIP from a pod, from
  * the pod that is an endpoint, from the node and from outside; NodePort from outside and from the node; the
  * LoadBalancer IP from an allowed and a refused client; the external IP) ends, walked by the packet tracer
- * through the rules render prints, where explain says: verdict, endpoints, shares and masquerading.
+ * through the rules (nftables: the table; ipvs: with the ipsets and virtual servers) render prints, where explain says: verdict, endpoints, shares and masquerading.
  *
  * CI runs a fixed seed (DKP_PROPERTY_RUNS, default 25 runs; DKP_PROPERTY_SEED).
  */
@@ -116,42 +116,44 @@ function packets(s: Shape): TracedPacket[] {
   return out;
 }
 
-Deno.test(`explain (iptables) agrees with the packet tracer on generated Services (seed ${SEED}, ${RUNS} runs)`, async () => {
-  const parsed = await parseCommandLine([...CORPUS_FLAGS, "--proxy-mode=iptables"], {
-    stdout: () => {},
-    stderr: (s) => {
-      throw new Error(s);
-    },
-  });
-  if (!("options" in parsed)) throw new Error("no options");
-  const opts = parsed.options;
-  let checked = 0;
-  await fc.assert(
-    fc.asyncProperty(casesArb, async (shapes) => {
-      const { objects } = parseManifestText(corpusYaml(shapes), "generated.yaml");
-      const { input, problems } = checkObjects(objects);
-      assert.deepEqual(problems, []);
-      const node = resolveNode(opts.hostname, input.nodes, [], false);
-      const sync = await firstSync(opts, { node, ...input });
-      for (const s of shapes) {
-        for (const p of packets(s)) {
-          const e = explainPacket(
-            parsePacket({
-              source: p.src,
-              destination: p.dst,
-              protocol: p.protocol!,
-              from: p.from,
-              inInterface: "",
-            }),
-            sync,
-            opts,
-          );
-          assertTracerAgrees(sync, p, e, `${JSON.stringify(s)}\n${JSON.stringify(p)}`);
-          checked++;
+for (const mode of ["iptables", "nftables", "ipvs"] as const) {
+  Deno.test(`explain (${mode}) agrees with the packet tracer on generated Services (seed ${SEED}, ${RUNS} runs)`, async () => {
+    const parsed = await parseCommandLine([...CORPUS_FLAGS, `--proxy-mode=${mode}`], {
+      stdout: () => {},
+      stderr: (s) => {
+        throw new Error(s);
+      },
+    });
+    if (!("options" in parsed)) throw new Error("no options");
+    const opts = parsed.options;
+    let checked = 0;
+    await fc.assert(
+      fc.asyncProperty(casesArb, async (shapes) => {
+        const { objects } = parseManifestText(corpusYaml(shapes), "generated.yaml");
+        const { input, problems } = checkObjects(objects);
+        assert.deepEqual(problems, []);
+        const node = resolveNode(opts.hostname, input.nodes, [], false);
+        const sync = await firstSync(opts, { node, ...input });
+        for (const s of shapes) {
+          for (const p of packets(s)) {
+            const e = explainPacket(
+              parsePacket({
+                source: p.src,
+                destination: p.dst,
+                protocol: p.protocol!,
+                from: p.from,
+                inInterface: "",
+              }),
+              sync,
+              opts,
+            );
+            assertTracerAgrees(sync, p, e, `${JSON.stringify(s)}\n${JSON.stringify(p)}`, mode);
+            checked++;
+          }
         }
-      }
-    }),
-    { seed: SEED, numRuns: RUNS },
-  );
-  assert.ok(checked >= RUNS, `${checked} packets checked`);
-});
+      }),
+      { seed: SEED, numRuns: RUNS },
+    );
+    assert.ok(checked >= RUNS, `${checked} packets checked`);
+  });
+}

@@ -4,7 +4,12 @@
  * @module
  */
 import { stringify } from "yaml";
+import { type FirstSync, firstSync } from "../../lib/cli/engine.ts";
+import { checkObjects } from "../../lib/cli/inputs.ts";
+import { parseManifestText } from "../../lib/cli/manifests.ts";
+import { resolveNode } from "../../lib/cli/node.ts";
 import { runSubcommand } from "../../lib/cli/run.ts";
+import { parseCommandLine } from "../../lib/config/command.ts";
 import type { CommandRunner } from "../../lib/exec.ts";
 import type { EndpointSlice, KubeObject, Node, Service } from "../../lib/kube/types.ts";
 import { configureLogging } from "../../lib/log.ts";
@@ -244,3 +249,18 @@ export async function runCli(argv: string[], stdin = "", runner?: CommandRunner)
 }
 
 export type { EndpointSlice };
+
+/** The first sync of the corpus in `mode` (with the corpus flags), as render and explain compute it. */
+export async function corpusFirstSync(mode: "iptables" | "nftables" | "ipvs"): Promise<FirstSync> {
+  const parsed = await parseCommandLine([...CORPUS_FLAGS, `--proxy-mode=${mode}`], {
+    stdout: () => {},
+    stderr: (s) => {
+      throw new Error(s);
+    },
+  });
+  if (!("options" in parsed)) throw new Error("no options");
+  const { input, problems } = checkObjects(parseManifestText(corpusYaml(), "corpus.yaml").objects);
+  if (problems.length > 0) throw new Error(JSON.stringify(problems));
+  const node = resolveNode(parsed.options.hostname, input.nodes, [], false);
+  return await firstSync(parsed.options, { node, ...input });
+}

@@ -27,6 +27,45 @@ export interface TracePacket {
   readonly localAddresses: readonly string[];
 }
 
+/**
+ * What the tracer asks outside the iptables tables, for modes whose rules lean on other kernel objects (the
+ * ipvs mode: ipsets and IPVS). Without hooks, `-m set` rules do not match and no load balancer runs.
+ */
+export interface TraceHooks {
+  /**
+   * Whether the packet is in the ipset `name` by `dirs` (`-m set --match-set NAME dst,dst`), given the
+   * current destination; undefined when the set is not known (the rule is then taken as not matching).
+   */
+  inSet?(name: string, dirs: readonly string[], pkt: SetLookup): boolean | undefined;
+  /**
+   * A load balancer that takes connections to local addresses after nat and filter INPUT (IPVS on LOCAL_IN;
+   * on LOCAL_OUT, before filter OUTPUT, for the node's own packet): the destinations it picks with their
+   * shares, `"reject"` when it has the address and port but no destination, or null when it does not take the
+   * packet.
+   */
+  balance?(dst: string, dport: number): Balanced[] | "reject" | null;
+}
+
+/** The packet's fields as an ipset lookup sees them. */
+export interface SetLookup {
+  readonly src: string;
+  readonly dst: string;
+  readonly protocol: string;
+  readonly dport: number;
+}
+
+/** One destination of a load balancer, with its share of new connections. */
+export interface Balanced {
+  /** `ip:port` (`[ip]:port`) as a DNAT would name it. */
+  readonly endpoint: string;
+  readonly dst: string;
+  readonly dport: number;
+  readonly share: number;
+  /** The virtual server that took it (`-m ipvs --vaddr/--vproto/--vport`). */
+  readonly vaddr: string;
+  readonly vport: number;
+}
+
 /** One rule the packet matched. */
 export interface TraceStep {
   readonly table: string;
@@ -66,6 +105,8 @@ interface State {
   dst: string;
   dport: number;
   masq: boolean;
+  /** The virtual server the load balancer hook picked, if any. */
+  vs: { addr: string; port: number } | null;
   steps: TraceStep[];
 }
 
@@ -81,7 +122,7 @@ const MAX_DEPTH = 64;
 
 class Tracer {
   readonly assumptions = new Set<string>();
-  constructor(readonly tables: IptablesTables, readonly p: TracePacket) {}
+  constructor(readonly tables: IptablesTables, readonly p: TracePacket, readonly hooks: TraceHooks = {}) {}
 
   /** Whether every match but `statistic` matches; the statistic's probability (1 without one). */
   private matches(r: IptRule, s: State): number {
@@ -151,6 +192,32 @@ class Tracer {
               "no session affinity entry yet (a first packet): -m recent --rcheck does not match",
             );
             hit = o.negated;
+            break;
+          case "set/match-set": {
+            const r = this.hooks.inSet?.(v, (o.values[1] ?? "").split(","), {
+              src: this.p.src,
+              dst: s.dst,
+              protocol: this.p.protocol,
+              dport: s.dport,
+            });
+            if (r === undefined) {
+              this.assumptions.add(`ipset ${v} is not known: rules matching it taken as not matching`);
+              hit = o.negated;
+            } else hit = r;
+            break;
+          }
+          case "physdev/physdev-is-in":
+            this.assumptions.add("no bridge: --physdev-is-in taken as false");
+            hit = false;
+            break;
+          case "ipvs/vaddr":
+            hit = s.vs !== null && cidrMatch(v, s.vs.addr);
+            break;
+          case "ipvs/vport":
+            hit = s.vs !== null && portMatch(v, s.vs.port);
+            break;
+          case "ipvs/vproto":
+            hit = s.vs !== null && v.toLowerCase() === this.p.protocol;
             break;
           case "recent/set":
           case "recent/name":
@@ -275,24 +342,24 @@ function portMatch(spec: string, port: number): boolean {
  * Traces `p` through `tables`: nat, then filter, then nat POSTROUTING for what was not dropped. Outcomes with
  * the same verdict, endpoint and masquerade are merged (their probabilities added, the first one's steps kept).
  */
-export function traceIptables(tables: IptablesTables, p: TracePacket): Trace {
-  const t = new Tracer(tables, p);
-  const start: State = { prob: 1, mark: 0n, dnat: null, dst: p.dst, dport: p.dport, masq: false, steps: [] };
+export function traceIptables(tables: IptablesTables, p: TracePacket, hooks: TraceHooks = {}): Trace {
+  const t = new Tracer(tables, p, hooks);
+  const start: State = {
+    prob: 1,
+    mark: 0n,
+    dnat: null,
+    dst: p.dst,
+    dport: p.dport,
+    masq: false,
+    vs: null,
+    steps: [],
+  };
   const merged: Merged = new Map();
   const natIn = p.from === "node" ? "OUTPUT" : "PREROUTING";
-  for (const nat of t.walk("nat", natIn, start, 0)) {
-    const s0 = nat.state;
-    if (nat.end === "drop" || nat.end === "reject") {
-      add(merged, nat.end, s0);
-      continue;
-    }
-    // The node's own packet to a local address leaves through filter OUTPUT and comes back in through INPUT.
-    const local = isLocalOf(p, s0.dst);
-    const filterChains = p.from === "node"
-      ? (local ? ["OUTPUT", "INPUT"] : ["OUTPUT"])
-      : [local ? "INPUT" : "FORWARD"];
-    let passed: State[] = [s0];
-    for (const chain of filterChains) {
+  /** Walks filter `chains` in turn; drops and rejects become outcomes, the rest goes on. */
+  const filter = (states: State[], chains: readonly string[]): State[] => {
+    let passed = states;
+    for (const chain of chains) {
       const next: State[] = [];
       for (const st of passed) {
         for (const f of t.walk("filter", chain, st, 0)) {
@@ -302,10 +369,65 @@ export function traceIptables(tables: IptablesTables, p: TracePacket): Trace {
       }
       passed = next;
     }
-    for (const st of passed) {
+    return passed;
+  };
+  /** The load balancer hook on states bound for a local address: what it took, and what it left alone. */
+  const balance = (states: State[]): { taken: State[]; left: State[] } => {
+    const taken: State[] = [], left: State[] = [];
+    for (const st of states) {
+      const r = hooks.balance && st.dnat === null && isLocalOf(p, st.dst)
+        ? hooks.balance(st.dst, st.dport)
+        : null;
+      if (r === null) left.push(st);
+      else if (r === "reject" || r.length === 0) add(merged, "reject", st);
+      else {
+        for (const b of r) {
+          taken.push({
+            ...st,
+            prob: st.prob * b.share,
+            dnat: b.endpoint,
+            dst: b.dst,
+            dport: b.dport,
+            vs: { addr: b.vaddr, port: b.vport },
+          });
+        }
+      }
+    }
+    return { taken, left };
+  };
+  const postrouting = (states: State[]) => {
+    for (const st of states) {
       const verdict: TraceVerdict = st.dnat !== null ? "dnat" : "untouched";
       for (const post of t.walk("nat", "POSTROUTING", st, 0)) add(merged, verdict, post.state);
     }
+  };
+  for (const nat of t.walk("nat", natIn, start, 0)) {
+    const s0 = nat.state;
+    if (nat.end === "drop" || nat.end === "reject") {
+      add(merged, nat.end, s0);
+      continue;
+    }
+    if (p.from === "node") {
+      // IPVS takes the node's own packet on LOCAL_OUT, after nat OUTPUT and before filter OUTPUT.
+      const { taken, left } = balance([s0]);
+      for (const st of taken) {
+        postrouting(filter([st], isLocalOf(p, st.dst) ? ["OUTPUT", "INPUT"] : ["OUTPUT"]));
+      }
+      // The node's own packet to a local address leaves through filter OUTPUT and comes back in through INPUT.
+      for (const st of left) {
+        postrouting(filter([st], isLocalOf(p, st.dst) ? ["OUTPUT", "INPUT"] : ["OUTPUT"]));
+      }
+      continue;
+    }
+    if (!isLocalOf(p, s0.dst)) {
+      postrouting(filter([s0], ["FORWARD"]));
+      continue;
+    }
+    // IPVS takes a packet for a local address on LOCAL_IN after filter INPUT, and sends it out through filter
+    // OUTPUT and nat POSTROUTING.
+    const { taken, left } = balance(filter([s0], ["INPUT"]));
+    postrouting(filter(taken, ["OUTPUT"]));
+    postrouting(left);
   }
   const outcomes = [...merged.values()].map((o) => ({
     verdict: o.verdict,
