@@ -3,13 +3,21 @@
  * agent would write now, on the objects the packet's path names (its chains, and its entries in the sets and
  * maps). What the agent would write is put in nft's own listed form by the kernel itself: the rendered
  * transaction is loaded into a scratch network namespace, listed, and the namespace deleted, so that both
- * sides are compared as nft prints them.
+ * sides are compared as nft prints them; and the packet traced through both listings.
  * @module
  */
 import type { CommandRunner } from "../exec.ts";
 import { type NftListing, parseNftListing } from "../dataplane/nftables/listing.ts";
+import type { TracePacket } from "../dataplane/iptables/trace.ts";
 import type { IPFamily } from "../net/ip.ts";
 import { diffLines, type DriftLine, formatDrift } from "./explain_drift.ts";
+import {
+  formatNftTrace,
+  type NftTrace,
+  sameNftOutcome,
+  tableFromListing,
+  traceNftables,
+} from "./explain_trace_nftables.ts";
 
 const TABLE = "kube-proxy";
 
@@ -20,6 +28,9 @@ export interface NftLiveComparison {
   /** The objects compared (those the packet's path names). */
   readonly objects: readonly string[];
   readonly drift: readonly DriftLine[];
+  /** The packet traced through the node's table (null without one), and through the agent's. */
+  readonly live: NftTrace | null;
+  readonly rendered: NftTrace;
 }
 
 /** `nft list table` of `fam` on this node, or inside network namespace `ns`; null when there is no table. */
@@ -47,7 +58,7 @@ async function listRendered(runner: CommandRunner, fam: string, transaction: str
       stdin: transaction,
       timeoutMs: 60_000,
     });
-    return (await listTable(runner, fam, ns)) ?? { chains: new Map(), sets: new Map() };
+    return (await listTable(runner, fam, ns)) ?? { chains: new Map(), sets: new Map(), hooks: new Map() };
   } finally {
     await runner.tryRun({ cmd: "ip", args: ["netns", "del", ns] });
   }
@@ -71,11 +82,12 @@ export async function compareLiveNftables(
   transaction: string,
   names: readonly string[],
   packet: { dst: string; port: number; proto: string },
+  traced: TracePacket,
 ): Promise<NftLiveComparison> {
   const fam = family === "IPv6" ? "ip6" : "ip";
   const live = await listTable(runner, fam);
   const rendered = await listRendered(runner, fam, transaction);
-  const have = live ?? { chains: new Map(), sets: new Map() };
+  const have = live ?? { chains: new Map(), sets: new Map(), hooks: new Map() };
   const objects = [...new Set(names)].filter((n) => rendered.chains.has(n) || rendered.sets.has(n)).sort();
   const drift: DriftLine[] = [];
   for (const n of objects) {
@@ -90,7 +102,13 @@ export async function compareLiveNftables(
       else diffLines(`set/map ${n}`, mine(rendered.sets.get(n)!), mine(have.sets.get(n)!), drift, String);
     }
   }
-  return { tableExists: live !== null, objects, drift };
+  return {
+    tableExists: live !== null,
+    objects,
+    drift,
+    live: live === null ? null : traceNftables(tableFromListing(live), traced),
+    rendered: traceNftables(tableFromListing(rendered), traced),
+  };
 }
 
 /** The comparison as text for a terminal. */
@@ -98,13 +116,22 @@ export function formatLiveNftables(c: NftLiveComparison, family: IPFamily): stri
   const fam = family === "IPv6" ? "ip6" : "ip";
   const lines = [
     `Live:       the kernel's table ${fam} ${TABLE} (nft list table), compared with what the agent would write`,
-    `            now on the objects of this packet's path (no live packet tracer in the nftables mode yet):`,
+    `            now on the objects of this packet's path:`,
     ...c.objects.map((o) => `              ${o}`),
   ];
   if (!c.tableExists) {
     lines.push(`Drift:      the kernel has no table ${fam} ${TABLE}: the agent has not synced here`);
   } else {
     lines.push(...formatDrift(c.drift));
+  }
+  if (c.live !== null) {
+    lines.push(`Traced:     the kernel's table ${fam} ${TABLE} takes this packet to:`);
+    lines.push(...formatNftTrace(c.live));
+    if (sameNftOutcome(c.live, c.rendered)) lines.push("  as the agent's table would.");
+    else {
+      lines.push("  the agent's table would take it to:");
+      lines.push(...formatNftTrace(c.rendered, "    "));
+    }
   }
   return lines.join("\n") + "\n";
 }

@@ -12,6 +12,7 @@
  * kube-proxy's tables use, and says so in `assumptions` when it meets anything else.
  * @module
  */
+import type { NftListing } from "../dataplane/nftables/listing.ts";
 import { tokenize } from "../dataplane/nftables/rule_text.ts";
 import { cidrContains, isLoopback, joinHostPort, parseIP } from "../net/ip.ts";
 import type { TracePacket, TraceVerdict } from "../dataplane/iptables/trace.ts";
@@ -105,6 +106,16 @@ export function applyNftTransaction(
       table.sets.set(name, set);
     }
   }
+  return table;
+}
+
+/** A table as `nft list table` showed it (see `listing.ts`) in the tracer's model. */
+export function tableFromListing(l: NftListing): NftTable {
+  const table: NftTable = { chains: new Map(), sets: new Map() };
+  for (const [name, rules] of l.chains) {
+    table.chains.set(name, { hook: l.hooks.get(name) ?? null, rules: [...rules] });
+  }
+  for (const [name, els] of l.sets) table.sets.set(name, els.map(elementText));
   return table;
 }
 
@@ -335,10 +346,12 @@ class NftTracer {
       }
       if (w === "dnat") {
         let j = i + 1;
-        if (
-          (t[j] === "ip" || t[j] === "ip6") && t[j + 1] === "addr" && t[j + 2] === "." && t[j + 3] === "port"
-        ) {
-          j += 4;
+        const written = (t[j] === "ip" || t[j] === "ip6") && t[j + 1] === "addr" && t[j + 2] === "." &&
+          t[j + 3] === "port";
+        // As written: `dnat ip addr . port to numgen ...`; as nft lists it: `dnat ip to numgen ...`.
+        const listed = (t[j] === "ip" || t[j] === "ip6") && t[j + 1] === "to" && t[j + 2] === "numgen";
+        if (written || listed) {
+          j += written ? 4 : 1;
           if (t[j] !== "to" || t[j + 1] !== "numgen" || t[j + 2] !== "random" || t[j + 3] !== "mod") {
             return unknown(`dnat ${t.slice(i + 1, j + 2).join(" ")}`);
           }
@@ -424,8 +437,8 @@ class NftTracer {
         negated = true;
         j++;
       } else if (t[j] === "==") j++;
-      if (t[j] === "and" && values.length === 1) {
-        // mark and MASK != 0
+      if ((t[j] === "and" || t[j] === "&") && values.length === 1) {
+        // mark and MASK != 0 (listed: meta mark & MASK != 0x00000000)
         const mask = BigInt(t[j + 1]);
         const op = t[j + 2];
         const want = BigInt(t[j + 3]);
@@ -582,4 +595,12 @@ export function formatNftTrace(t: NftTrace, indent = "  "): string[] {
   }
   for (const a of t.assumptions) out.push(`${indent}Assumed: ${a}`);
   return out;
+}
+
+/** Whether two traces end the same (verdicts, endpoints, masquerading and shares). */
+export function sameNftOutcome(a: NftTrace, b: NftTrace): boolean {
+  const key = (t: NftTrace) =>
+    t.outcomes.map((o) => `${o.verdict} ${o.endpoint} ${o.masqueraded} ${o.probability.toFixed(4)}`).sort()
+      .join(";");
+  return key(a) === key(b);
 }

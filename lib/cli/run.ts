@@ -248,8 +248,9 @@ export async function runSubcommand(argv: readonly string[], io: SubcommandIO = 
 }
 
 /**
- * `explain --live`: the node's rules for the packet (iptables: traced; nftables: the path's objects compared;
- * ipvs: its virtual server, ipset entries and kube-ipvs0 address compared, and traced).
+ * `explain --live`: the node's rules for the packet, traced (iptables: with the chains of either path compared;
+ * nftables: with the path's objects compared; ipvs: with its virtual server, ipset entries and kube-ipvs0
+ * address compared).
  */
 async function explainLive(
   packet: PacketSpec,
@@ -261,11 +262,15 @@ async function explainLive(
   if (opts.mode === "nftables") {
     const tx = sync.commands.find((c) => c.cmd === "nft" && c.family === packet.family)?.stdin ?? "";
     const names = [...e.steps.flatMap((s) => s.names), ...e.endpoints.map((x) => x.via)];
-    const cmp = await compareLiveNftables(runner, packet.family, tx, names, {
-      dst: packet.destination,
-      port: packet.port,
-      proto: packet.protocol.toLowerCase(),
-    });
+    const origin = resolveOrigin(packet, sync, opts);
+    const cmp = await compareLiveNftables(
+      runner,
+      packet.family,
+      tx,
+      names,
+      { dst: packet.destination, port: packet.port, proto: packet.protocol.toLowerCase() },
+      tracePacket(packet, origin.src, origin.from, origin.nodeIPs),
+    );
     return formatLiveNftables(cmp, packet.family);
   }
   if (opts.mode === "ipvs") {

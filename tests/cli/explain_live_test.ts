@@ -1,8 +1,8 @@
 /**
- * `explain --live` (iptables mode) on a real kernel: the corpus's rules applied in a network namespace by the
- * real iptables-nft-restore, then the packet traced through what iptables-save reads back. No drift when the
- * kernel holds what the agent writes; a rule removed by hand is reported missing and the packet's live fate
- * changes; another tool's rule in the way is reported and its DNAT shown.
+ * `explain --live` on a real kernel: the corpus's rules applied in a network namespace by the real
+ * iptables-nft-restore (or nft), then the packet traced through what iptables-save (or nft list table) reads
+ * back. No drift when the kernel holds what the agent writes; a rule or element removed by hand is reported
+ * missing and the packet's live fate changes; another tool's rule in the way is reported and its DNAT shown.
  */
 import assert from "node:assert/strict";
 import { parseRenderOutput } from "../../lib/cli/render_output.ts";
@@ -145,6 +145,13 @@ privilegedTest(netnsUnavailableReason(), {
       const before = clean.stdout.slice(clean.stdout.indexOf("Live:"));
       assert.match(before, /Drift: {6}none on this packet's path/, before);
       assert.match(before, /service-ips/, before);
+      // Traced through the kernel's own listing, it ends as through the agent's table.
+      assert.match(
+        before,
+        /Traced: {5}the kernel's table ip kube-proxy takes this packet to:\n {2}50%: DNAT to /,
+        before,
+      );
+      assert.ok(before.includes("  as the agent's table would."), before);
 
       const element = `${CLUSTER_IP} . tcp . 80`;
       await runner.run({
@@ -161,6 +168,11 @@ privilegedTest(netnsUnavailableReason(), {
         ),
         live,
       );
+      // Without its service-ips element the ClusterIP's port is not a Service port: rejected.
+      const traced = live.slice(live.indexOf("Traced:"));
+      assert.match(traced, /takes this packet to:\n {2}100%: rejected\n/, traced);
+      assert.match(traced, /cluster-ips-check #1: ip daddr @cluster-ips reject/, traced);
+      assert.ok(traced.includes("the agent's table would take it to:"), traced);
 
       // The service chain's DNAT rule, removed by hand.
       const chain = live.match(/goto (service-[^\s,]+)/)![1];

@@ -1,13 +1,23 @@
 /**
  * The nftables mode's packet tracer: the agent's transaction applied to the table model and walked hook by
  * hook; the outcome follows the table (an element or rule removed changes where the packet goes), and what it
- * cannot read is said.
+ * cannot read is said; the table as the kernel lists it traces as the transaction written.
  */
 import assert from "node:assert/strict";
-import { applyNftTransaction, type NftTable, traceNftables } from "../../lib/cli/explain_trace_nftables.ts";
+import {
+  applyNftTransaction,
+  formatNftTrace,
+  type NftTable,
+  sameNftOutcome,
+  tableFromListing,
+  traceNftables,
+} from "../../lib/cli/explain_trace_nftables.ts";
+import { parseNftListing } from "../../lib/dataplane/nftables/listing.ts";
 import type { TracePacket } from "../../lib/dataplane/iptables/trace.ts";
 import { configureLogging } from "../../lib/log.ts";
-import { ALLOWED_CLIENT, CLIENT, corpusFirstSync, NODE_IP, POD } from "./helpers.ts";
+import { netnsUnavailableReason, withNetns } from "../../testkit/netns.ts";
+import { privilegedTest } from "../../testkit/privileged.ts";
+import { ALLOWED_CLIENT, CLIENT, corpusFirstSync, NODE_IP, POD, SHAPES } from "./helpers.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -87,4 +97,41 @@ add rule ip t pre ip daddr 10.0.0.1 tcp dport 80 dnat to 10.0.0.2:8080`);
   const tr = traceNftables(t, packet(CLIENT, "outside", "10.0.0.1"));
   assert.deepEqual(tr.outcomes.map((o) => `${o.verdict} ${o.endpoint}`), ["dnat 10.0.0.2:8080"]);
   assert.deepEqual(tr.assumptions, [`"meta skuid" is not evaluated: rules with it taken as not matching`]);
+});
+
+privilegedTest(netnsUnavailableReason(), {
+  name:
+    "nftables tracer: the table as the kernel lists it (nft list table) traces as the transaction written",
+  fn: () =>
+    withNetns(async (runner) => {
+      await runner.run({ cmd: "nft", args: ["-f", "-"], stdin: TX });
+      const listed = await runner.run({ cmd: "nft", args: ["list", "table", "ip", "kube-proxy"] });
+      const fromKernel = tableFromListing(parseNftListing(listed.stdout));
+      const written = applyNftTransaction(TX);
+      let compared = 0;
+      for (const src of [POD.x, POD.a, NODE_IP, CLIENT, ALLOWED_CLIENT]) {
+        for (const s of SHAPES) {
+          const ports = [80, 81, ...(s.svc.ports ?? []).flatMap((p) => [p.port, p.nodePort ?? 80])];
+          const dsts = [s.svc.clusterIP!, ...(s.svc.lbIPs ?? []), ...(s.svc.externalIPs ?? []), NODE_IP];
+          for (const dst of dsts) {
+            for (const dport of ports) {
+              for (const protocol of ["tcp", "udp"] as const) {
+                const from = src === NODE_IP ? "node" : src.startsWith("10.244.") ? "pod" : "outside";
+                const p = { ...packet(src, from, dst, dport), protocol };
+                const a = traceNftables(written, p), b = traceNftables(fromKernel, p);
+                assert.ok(
+                  sameNftOutcome(a, b),
+                  `${JSON.stringify(p)}\n${formatNftTrace(a).join("\n")}\nlisted:\n${
+                    formatNftTrace(b).join("\n")
+                  }`,
+                );
+                assert.deepEqual([...a.assumptions, ...b.assumptions], [], JSON.stringify(p));
+                compared++;
+              }
+            }
+          }
+        }
+      }
+      assert.ok(compared > 500, `${compared} packets compared`);
+    }),
 });

@@ -11,6 +11,25 @@ export interface NftListing {
   readonly chains: Map<string, string[]>;
   /** Set or map name -> its elements, as listed, sorted. */
   readonly sets: Map<string, string[]>;
+  /** Base chain name -> its hook (`type nat hook prerouting priority dstnat;`), priority as a number. */
+  readonly hooks: Map<string, { type: string; hook: string; priority: number }>;
+}
+
+/** nft's named priorities (`dstnat - 10` is -110). */
+const PRIORITIES: Readonly<Record<string, number>> = {
+  raw: -300,
+  mangle: -150,
+  dstnat: -100,
+  filter: 0,
+  security: 50,
+  srcnat: 100,
+};
+
+function priorityValue(text: string): number {
+  const m = text.trim().match(/^(-?\d+|[a-z]+)(?:\s*([+-])\s*(\d+))?$/);
+  if (!m) return 0;
+  const base = /^-?\d+$/.test(m[1]) ? Number(m[1]) : PRIORITIES[m[1]] ?? 0;
+  return m[2] === undefined ? base : base + (m[2] === "-" ? -1 : 1) * Number(m[3]);
 }
 
 /** Splits `a, b "x, y", c` at the commas outside quotes and braces. */
@@ -38,14 +57,17 @@ function splitElements(text: string): string[] {
 export function parseNftListing(text: string): NftListing {
   const chains = new Map<string, string[]>();
   const sets = new Map<string, string[]>();
+  const hooks: NftListing["hooks"] = new Map();
   const lines = text.split("\n").map((l) => l.trim());
   let chain: string[] | null = null;
+  let chainName = "";
   let set: string | null = null;
   for (let i = 0; i < lines.length; i++) {
     const line = lines[i];
     let m;
     if ((m = line.match(/^chain (\S+) \{$/))) {
       chain = [];
+      chainName = m[1];
       chains.set(m[1], chain);
       continue;
     }
@@ -60,7 +82,9 @@ export function parseNftListing(text: string): NftListing {
       continue;
     }
     if (chain !== null) {
-      if (line === "" || /^type \S+ hook /.test(line) || /^comment "/.test(line)) continue;
+      const h = line.match(/^type (\S+) hook (\S+)(?: device \S+)? priority ([^;]+);/);
+      if (h) hooks.set(chainName, { type: h[1], hook: h[2], priority: priorityValue(h[3]) });
+      if (line === "" || h || /^comment "/.test(line)) continue;
       chain.push(line.replace(/\bcounter packets \d+ bytes \d+/g, "counter"));
       continue;
     }
@@ -71,5 +95,5 @@ export function parseNftListing(text: string): NftListing {
       sets.set(set, splitElements(body).sort());
     }
   }
-  return { chains, sets };
+  return { chains, sets, hooks };
 }
