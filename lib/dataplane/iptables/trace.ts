@@ -7,6 +7,10 @@
  *
  * What it cannot know is said in `assumptions` rather than guessed silently: routing (`-o` never matches), an
  * affinity entry (`-m recent --rcheck` does not match a first packet), modules it does not evaluate.
+ *
+ * Hooks ({@linkcode TraceHooks}) let the ipvs mode's tracer answer `-m set` from its ipsets and put IPVS's
+ * choice of real server between filter INPUT and nat POSTROUTING (`lib/cli/explain_trace_ipvs.ts`).
+ * Over 400 lines: the walk, the matches it evaluates and the hook order are one piece, read together.
  * @module
  */
 import { cidrContains, type IPFamily, isLoopback } from "../../net/ip.ts";
