@@ -8,7 +8,13 @@
 import { detectIptablesBackend, iptablesTools } from "../dataplane/iptables_backend.ts";
 import { IptablesTables, isBuiltinChain } from "../dataplane/iptables/model.ts";
 import type { CommandRunner } from "../exec.ts";
-import { formatStep, type Trace, traceIptables, type TracePacket } from "../dataplane/iptables/trace.ts";
+import {
+  formatStep,
+  type Trace,
+  type Traced,
+  traceIptables,
+  type TracePacket,
+} from "../dataplane/iptables/trace.ts";
 import type { IPFamily } from "../net/ip.ts";
 import type { FirstSync } from "./engine.ts";
 import type { PacketSpec } from "./explain.ts";
@@ -131,6 +137,11 @@ function percent(p: number): string {
 
 /** One trace as text: each outcome with its share and the rules it matched. */
 export function formatTrace(t: Trace, indent = "  "): string[] {
+  return formatOutcomes(t, formatStep, indent);
+}
+
+/** Any mode's trace as text, each matched step printed by `step`. */
+export function formatOutcomes<S>(t: Traced<S>, step: (s: S) => string, indent = "  "): string[] {
   const out: string[] = [];
   for (const o of t.outcomes) {
     const what = o.verdict === "dnat"
@@ -141,7 +152,7 @@ export function formatTrace(t: Trace, indent = "  "): string[] {
       ? "rejected"
       : "dropped";
     out.push(`${indent}${percent(o.probability)}: ${what}`);
-    for (const s of o.steps) out.push(`${indent}    ${formatStep(s)}`);
+    for (const s of o.steps) out.push(`${indent}    ${step(s)}`);
   }
   for (const a of t.assumptions) out.push(`${indent}Assumed: ${a}`);
   return out;

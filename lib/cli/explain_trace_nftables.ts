@@ -12,10 +12,11 @@
  * kube-proxy's tables use, and says so in `assumptions` when it meets anything else.
  * @module
  */
-import type { NftListing } from "../dataplane/nftables/listing.ts";
+import { type NftListing, splitElements } from "../dataplane/nftables/listing.ts";
 import { tokenize } from "../dataplane/nftables/rule_text.ts";
 import { cidrContains, isLoopback, joinHostPort, parseIP } from "../net/ip.ts";
-import type { TracePacket, TraceVerdict } from "../dataplane/iptables/trace.ts";
+import type { Outcome, Traced, TracePacket, TraceVerdict } from "../dataplane/iptables/trace.ts";
+import { formatOutcomes } from "./explain_trace.ts";
 
 /** A base chain's hook. */
 export interface NftHook {
@@ -35,23 +36,6 @@ export interface NftTable {
   readonly chains: Map<string, NftChain>;
   /** Set or map name → its elements as written (`10.96.0.1 . tcp . 80 : goto x`), comments removed. */
   readonly sets: Map<string, string[]>;
-}
-
-/** Splits `{ a , b "x, y" , c }`'s inside at the commas outside quotes and braces. */
-function splitElements(text: string): string[] {
-  const out: string[] = [];
-  let depth = 0, quoted = false, cur = "";
-  for (const ch of text) {
-    if (ch === '"') quoted = !quoted;
-    else if (!quoted && ch === "{") depth++;
-    else if (!quoted && ch === "}") depth--;
-    if (ch === "," && !quoted && depth === 0) {
-      out.push(cur.trim());
-      cur = "";
-    } else cur += ch;
-  }
-  if (cur.trim() !== "") out.push(cur.trim());
-  return out;
 }
 
 /** An element without its `comment "..."` and `timeout`/`expires` options. */
@@ -129,19 +113,10 @@ export interface NftTraceStep {
 }
 
 /** One outcome of the walk. */
-export interface NftTraceOutcome {
-  readonly verdict: TraceVerdict;
-  readonly endpoint: string | null;
-  readonly masqueraded: boolean;
-  readonly probability: number;
-  readonly steps: readonly NftTraceStep[];
-}
+export type NftTraceOutcome = Outcome<NftTraceStep>;
 
 /** Every outcome (probabilities add up to 1) and what the tracer had to assume. */
-export interface NftTrace {
-  readonly outcomes: readonly NftTraceOutcome[];
-  readonly assumptions: readonly string[];
-}
+export type NftTrace = Traced<NftTraceStep>;
 
 interface State {
   prob: number;
@@ -581,20 +556,7 @@ export function traceNftables(table: NftTable, p: TracePacket): NftTrace {
 
 /** One trace as text: each outcome with its share and the rules it matched. */
 export function formatNftTrace(t: NftTrace, indent = "  "): string[] {
-  const out: string[] = [];
-  for (const o of t.outcomes) {
-    const what = o.verdict === "dnat"
-      ? `DNAT to ${o.endpoint}${o.masqueraded ? ", masqueraded" : ""}`
-      : o.verdict === "untouched"
-      ? "not handled by kube-proxy (no rule took it)"
-      : o.verdict === "reject"
-      ? "rejected"
-      : "dropped";
-    out.push(`${indent}${Math.round(o.probability * 1000) / 10}%: ${what}`);
-    for (const s of o.steps) out.push(`${indent}    ${s.chain} #${s.index}: ${s.rule}`);
-  }
-  for (const a of t.assumptions) out.push(`${indent}Assumed: ${a}`);
-  return out;
+  return formatOutcomes(t, (st) => `${st.chain} #${st.index}: ${st.rule}`, indent);
 }
 
 /** Whether two traces end the same (verdicts, endpoints, masquerading and shares). */

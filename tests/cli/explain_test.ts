@@ -5,19 +5,17 @@
  * belong to the Service; the verdict each mode gives each packet).
  */
 import assert from "node:assert/strict";
-import { parseCommandLine, type ProxyOptions } from "../../lib/config/command.ts";
-import { type FirstSync, firstSync } from "../../lib/cli/engine.ts";
+import type { ProxyOptions } from "../../lib/config/command.ts";
+import type { FirstSync } from "../../lib/cli/engine.ts";
 import { explainPacket, type Explanation, formatExplanation, parsePacket } from "../../lib/cli/explain.ts";
 import type { PacketOrigin } from "../../lib/cli/explain_common.ts";
-import { checkObjects } from "../../lib/cli/inputs.ts";
-import { parseManifestText } from "../../lib/cli/manifests.ts";
-import { resolveNode } from "../../lib/cli/node.ts";
 import { configureLogging } from "../../lib/log.ts";
 import { assertTracerAgrees } from "./tracer_agreement.ts";
 import {
   ALLOWED_CLIENT,
   CLIENT,
   CORPUS_FLAGS,
+  corpusSetup,
   corpusYaml,
   NODE_IP,
   POD,
@@ -35,21 +33,8 @@ type Mode = typeof MODES[number];
 const SERVICE_CIDR = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\n" +
   "spec: {cidrs: [10.96.0.0/16, fd00:96::/112]}\n";
 
-async function setup(mode: Mode): Promise<{ opts: ProxyOptions; sync: FirstSync }> {
-  const parsed = await parseCommandLine([...CORPUS_FLAGS, `--proxy-mode=${mode}`], {
-    stdout: () => {},
-    stderr: (s) => {
-      throw new Error(s);
-    },
-  });
-  if (!("options" in parsed)) throw new Error("no options");
-  const opts = parsed.options;
-  const { objects } = parseManifestText(corpusYaml() + "---\n" + SERVICE_CIDR, "corpus.yaml");
-  const { input, problems } = checkObjects(objects);
-  assert.deepEqual(problems, []);
-  const node = resolveNode(opts.hostname, input.nodes, [], false);
-  const sync = await firstSync(opts, { node, ...input });
-  return { opts, sync };
+function setup(mode: Mode): Promise<{ opts: ProxyOptions; sync: FirstSync }> {
+  return corpusSetup(mode, corpusYaml() + "---\n" + SERVICE_CIDR);
 }
 
 const cache = new Map<Mode, Promise<{ opts: ProxyOptions; sync: FirstSync }>>();

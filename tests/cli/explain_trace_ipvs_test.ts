@@ -13,7 +13,7 @@ import {
 import type { KernelVirtualServer } from "../../lib/dataplane/ipvs/ipvsadm.ts";
 import type { TracePacket } from "../../lib/dataplane/iptables/trace.ts";
 import { configureLogging } from "../../lib/log.ts";
-import { CLIENT, corpusFirstSync, NODE_IP, POD } from "./helpers.ts";
+import { CLIENT, corpusFirstSync, NODE_IP, outcomeLines, POD, tcpPacket } from "./helpers.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -21,22 +21,11 @@ const sync = await corpusFirstSync("ipvs");
 const CLUSTER_IP = "10.96.1.1"; // dp/clusterip, endpoints a (this node) and c (the other node), port 80 → 8080
 
 function packet(src: string, from: TracePacket["from"], dst = CLUSTER_IP, dport = 80): TracePacket {
-  return {
-    family: "IPv4",
-    src,
-    dst,
-    protocol: "tcp",
-    dport,
-    from,
-    inInterface: "",
-    localAddresses: [NODE_IP],
-  };
+  return tcpPacket(src, from, dst, dport, [NODE_IP]);
 }
 
 function summary(o: IpvsObjects, p: TracePacket): string[] {
-  return traceIpvs(o, p).outcomes.map((x) =>
-    `${x.verdict}${x.endpoint ? ` ${x.endpoint}` : ""}${x.masqueraded ? " masq" : ""} ${x.probability}`
-  );
+  return outcomeLines(traceIpvs(o, p));
 }
 
 /** The rendered objects with maps and sets of their own, to change by hand. */

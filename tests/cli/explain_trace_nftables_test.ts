@@ -17,7 +17,16 @@ import type { TracePacket } from "../../lib/dataplane/iptables/trace.ts";
 import { configureLogging } from "../../lib/log.ts";
 import { netnsUnavailableReason, withNetns } from "../../testkit/netns.ts";
 import { privilegedTest } from "../../testkit/privileged.ts";
-import { ALLOWED_CLIENT, CLIENT, corpusFirstSync, NODE_IP, POD, SHAPES } from "./helpers.ts";
+import {
+  ALLOWED_CLIENT,
+  CLIENT,
+  corpusFirstSync,
+  NODE_IP,
+  outcomeLines,
+  POD,
+  SHAPES,
+  tcpPacket,
+} from "./helpers.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -27,22 +36,11 @@ const CLUSTER_IP = "10.96.1.1"; // dp/clusterip: endpoints a (this node) and c, 
 const LBSR_IP = "172.30.1.4"; // dp/lbsr: source range 203.0.113.0/24, endpoint a
 
 function packet(src: string, from: TracePacket["from"], dst = CLUSTER_IP, dport = 80): TracePacket {
-  return {
-    family: "IPv4",
-    src,
-    dst,
-    protocol: "tcp",
-    dport,
-    from,
-    inInterface: "",
-    localAddresses: [NODE_IP],
-  };
+  return tcpPacket(src, from, dst, dport, [NODE_IP]);
 }
 
 function summary(t: NftTable, p: TracePacket): string[] {
-  return traceNftables(t, p).outcomes.map((x) =>
-    `${x.verdict}${x.endpoint ? ` ${x.endpoint}` : ""}${x.masqueraded ? " masq" : ""} ${x.probability}`
-  );
+  return outcomeLines(traceNftables(t, p));
 }
 
 Deno.test("nftables tracer: numgen shares, hairpin masquerade, the source-range firewall and a port without a Service", () => {

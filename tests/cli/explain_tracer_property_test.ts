@@ -10,18 +10,13 @@
  */
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { firstSync } from "../../lib/cli/engine.ts";
 import { explainPacket, parsePacket } from "../../lib/cli/explain.ts";
-import { checkObjects } from "../../lib/cli/inputs.ts";
-import { parseManifestText } from "../../lib/cli/manifests.ts";
-import { resolveNode } from "../../lib/cli/node.ts";
-import { parseCommandLine } from "../../lib/config/command.ts";
 import { configureLogging } from "../../lib/log.ts";
 import type { EndpointLite, ServiceSpecLite } from "../packets/helpers.ts";
 import {
   ALLOWED_CLIENT,
   CLIENT,
-  CORPUS_FLAGS,
+  corpusSetup,
   corpusYaml,
   NODE,
   NODE_IP,
@@ -118,22 +113,11 @@ function packets(s: Shape): TracedPacket[] {
 
 for (const mode of ["iptables", "nftables", "ipvs"] as const) {
   Deno.test(`explain (${mode}) agrees with the packet tracer on generated Services (seed ${SEED}, ${RUNS} runs)`, async () => {
-    const parsed = await parseCommandLine([...CORPUS_FLAGS, `--proxy-mode=${mode}`], {
-      stdout: () => {},
-      stderr: (s) => {
-        throw new Error(s);
-      },
-    });
-    if (!("options" in parsed)) throw new Error("no options");
-    const opts = parsed.options;
+    const { opts } = await corpusSetup(mode);
     let checked = 0;
     await fc.assert(
       fc.asyncProperty(casesArb, async (shapes) => {
-        const { objects } = parseManifestText(corpusYaml(shapes), "generated.yaml");
-        const { input, problems } = checkObjects(objects);
-        assert.deepEqual(problems, []);
-        const node = resolveNode(opts.hostname, input.nodes, [], false);
-        const sync = await firstSync(opts, { node, ...input });
+        const { sync } = await corpusSetup(mode, corpusYaml(shapes));
         for (const s of shapes) {
           for (const p of packets(s)) {
             const e = explainPacket(

@@ -9,8 +9,10 @@ import { checkObjects } from "../../lib/cli/inputs.ts";
 import { parseManifestText } from "../../lib/cli/manifests.ts";
 import { resolveNode } from "../../lib/cli/node.ts";
 import { runSubcommand } from "../../lib/cli/run.ts";
-import { parseCommandLine } from "../../lib/config/command.ts";
+import { parseCommandLine, type ProxyOptions } from "../../lib/config/command.ts";
+import type { TracePacket } from "../../lib/dataplane/iptables/trace.ts";
 import type { CommandRunner } from "../../lib/exec.ts";
+import { familyOf } from "../../lib/net/ip.ts";
 import type { EndpointSlice, KubeObject, Node, Service } from "../../lib/kube/types.ts";
 import { configureLogging } from "../../lib/log.ts";
 import {
@@ -250,8 +252,11 @@ export async function runCli(argv: string[], stdin = "", runner?: CommandRunner)
 
 export type { EndpointSlice };
 
-/** The first sync of the corpus in `mode` (with the corpus flags), as render and explain compute it. */
-export async function corpusFirstSync(mode: "iptables" | "nftables" | "ipvs"): Promise<FirstSync> {
+/** The options of `mode` with the corpus flags, and the first sync of `yaml` (the corpus unless given). */
+export async function corpusSetup(
+  mode: "iptables" | "nftables" | "ipvs",
+  yaml = corpusYaml(),
+): Promise<{ opts: ProxyOptions; sync: FirstSync }> {
   const parsed = await parseCommandLine([...CORPUS_FLAGS, `--proxy-mode=${mode}`], {
     stdout: () => {},
     stderr: (s) => {
@@ -259,8 +264,50 @@ export async function corpusFirstSync(mode: "iptables" | "nftables" | "ipvs"): P
     },
   });
   if (!("options" in parsed)) throw new Error("no options");
-  const { input, problems } = checkObjects(parseManifestText(corpusYaml(), "corpus.yaml").objects);
+  const opts = parsed.options;
+  const { input, problems } = checkObjects(parseManifestText(yaml, "corpus.yaml").objects);
   if (problems.length > 0) throw new Error(JSON.stringify(problems));
-  const node = resolveNode(parsed.options.hostname, input.nodes, [], false);
-  return await firstSync(parsed.options, { node, ...input });
+  const node = resolveNode(opts.hostname, input.nodes, [], false);
+  return { opts, sync: await firstSync(opts, { node, ...input }) };
+}
+
+/** The first sync of the corpus in `mode` (with the corpus flags), as render and explain compute it. */
+export async function corpusFirstSync(mode: "iptables" | "nftables" | "ipvs"): Promise<FirstSync> {
+  return (await corpusSetup(mode)).sync;
+}
+
+/** A trace's outcomes as `verdict [endpoint] [masq] share` lines, for exact assertions. */
+export function outcomeLines(
+  t: {
+    outcomes: readonly {
+      verdict: string;
+      endpoint: string | null;
+      masqueraded: boolean;
+      probability: number;
+    }[];
+  },
+): string[] {
+  return t.outcomes.map((x) =>
+    `${x.verdict}${x.endpoint ? ` ${x.endpoint}` : ""}${x.masqueraded ? " masq" : ""} ${x.probability}`
+  );
+}
+
+/** A new TCP connection's first packet for the tracers, the node's own addresses `local`. */
+export function tcpPacket(
+  src: string,
+  from: TracePacket["from"],
+  dst: string,
+  dport: number,
+  local: readonly string[],
+): TracePacket {
+  return {
+    family: familyOf(dst),
+    src,
+    dst,
+    protocol: "tcp",
+    dport,
+    from,
+    inInterface: "",
+    localAddresses: local,
+  };
 }

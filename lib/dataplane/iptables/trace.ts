@@ -84,22 +84,28 @@ export interface TraceStep {
 /** What the kernel does with the packet. */
 export type TraceVerdict = "dnat" | "reject" | "drop" | "untouched";
 
-/** One outcome of the walk. */
-export interface TraceOutcome {
+/** One outcome of a walk whose matched steps are of type `S` (every mode's tracer ends in these). */
+export interface Outcome<S> {
   readonly verdict: TraceVerdict;
   /** `ip:port` (`[ip]:port`) of a DNAT. */
   readonly endpoint: string | null;
   readonly masqueraded: boolean;
   readonly probability: number;
   /** The rules it matched, in order. */
-  readonly steps: readonly TraceStep[];
+  readonly steps: readonly S[];
 }
 
 /** Every outcome (probabilities add up to 1) and what the tracer had to assume. */
-export interface Trace {
-  readonly outcomes: readonly TraceOutcome[];
+export interface Traced<S> {
+  readonly outcomes: readonly Outcome<S>[];
   readonly assumptions: readonly string[];
 }
+
+/** One outcome of the iptables walk. */
+export type TraceOutcome = Outcome<TraceStep>;
+
+/** The iptables walk's outcomes. */
+export type Trace = Traced<TraceStep>;
 
 interface State {
   /** The share of connections on this branch. */

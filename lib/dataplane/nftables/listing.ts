@@ -4,6 +4,7 @@
  * are left out of rules (`counter packets 3 bytes 180` reads `counter`); elements are kept sorted.
  * @module
  */
+import { parsePriority } from "./priority.ts";
 
 /** One table as `nft list table` shows it. */
 export interface NftListing {
@@ -15,25 +16,8 @@ export interface NftListing {
   readonly hooks: Map<string, { type: string; hook: string; priority: number }>;
 }
 
-/** nft's named priorities (`dstnat - 10` is -110). */
-const PRIORITIES: Readonly<Record<string, number>> = {
-  raw: -300,
-  mangle: -150,
-  dstnat: -100,
-  filter: 0,
-  security: 50,
-  srcnat: 100,
-};
-
-function priorityValue(text: string): number {
-  const m = text.trim().match(/^(-?\d+|[a-z]+)(?:\s*([+-])\s*(\d+))?$/);
-  if (!m) return 0;
-  const base = /^-?\d+$/.test(m[1]) ? Number(m[1]) : PRIORITIES[m[1]] ?? 0;
-  return m[2] === undefined ? base : base + (m[2] === "-" ? -1 : 1) * Number(m[3]);
-}
-
 /** Splits `a, b "x, y", c` at the commas outside quotes and braces. */
-function splitElements(text: string): string[] {
+export function splitElements(text: string): string[] {
   const out: string[] = [];
   let depth = 0;
   let quoted = false;
@@ -83,7 +67,7 @@ export function parseNftListing(text: string): NftListing {
     }
     if (chain !== null) {
       const h = line.match(/^type (\S+) hook (\S+)(?: device \S+)? priority ([^;]+);/);
-      if (h) hooks.set(chainName, { type: h[1], hook: h[2], priority: priorityValue(h[3]) });
+      if (h) hooks.set(chainName, { type: h[1], hook: h[2], priority: parsePriority("ip", h[3]) ?? 0 });
       if (line === "" || h || /^comment "/.test(line)) continue;
       chain.push(line.replace(/\bcounter packets \d+ bytes \d+/g, "counter"));
       continue;

@@ -15,6 +15,7 @@ import { parseIpvsadmSave } from "../../../lib/dataplane/ipvs/ipvsadm.ts";
 import { configureLogging } from "../../../lib/log.ts";
 import { FakeClock } from "../../../lib/proxy/clock.ts";
 import { makeState, snapshot } from "../../../testkit/fixtures.ts";
+import { outcomeLines, tcpPacket } from "../../cli/helpers.ts";
 
 configureLogging({ sink: () => {} });
 
@@ -55,19 +56,8 @@ async function trace(
   dst: string,
   dport = 80,
 ) {
-  const objects = await readLiveIpvs(kernel, "IPv4");
-  const t = traceIpvs(objects, {
-    family: "IPv4",
-    src,
-    dst,
-    protocol: "tcp",
-    dport,
-    from,
-    inInterface: "",
-    localAddresses: [NODE_IP],
-  });
-  return t.outcomes.map((o) =>
-    `${o.verdict}${o.endpoint ? ` ${o.endpoint}` : ""}${o.masqueraded ? " masq" : ""} ${o.probability}`
+  return outcomeLines(
+    traceIpvs(await readLiveIpvs(kernel, "IPv4"), tcpPacket(src, from, dst, dport, [NODE_IP])),
   );
 }
 
