@@ -616,6 +616,10 @@ async function runSuite(
             let probing = true;
             const outcomes: string[] = [];
             let slowAnswers = 0;
+            // Each failure and each step of the restart with its wall-clock time, to tell apart on a failure
+            // the old agent's last moments, the gap between agents and the new agent's isolation.
+            const timeline: string[] = [];
+            const mark = (what: string) => timeline.push(`${new Date().toISOString()} ${what}`);
             const prober = (async () => {
               while (probing) {
                 for (const ip of ["10.96.0.10", "10.96.0.46"]) {
@@ -623,15 +627,22 @@ async function runSuite(
                   // A timeout after the handshake is a server slow to answer on a loaded machine: the rules
                   // carried the connection. Only a connection never established counts as a failure.
                   if (r.result === "timeout" && r.connected) slowAnswers++;
-                  outcomes.push(r.result === "ok" || r.connected ? "ok" : `${ip} ${r.result}`);
+                  const outcome = r.result === "ok" || r.connected ? "ok" : `${ip} ${r.result}`;
+                  if (outcome !== "ok") mark(`probe failed: ${outcome}`);
+                  outcomes.push(outcome);
                 }
                 await sleep(20);
               }
             })();
-            const status = await agent!.stop(10_000);
-            assert.equal(status.code, 0, agent!.tail());
+            const old = agent!;
+            mark("old agent: SIGTERM");
+            const status = await old.stop(10_000);
+            mark("old agent: exited");
+            assert.equal(status.code, 0, old.tail());
             agent = startAgent(sb, sim!.kubeconfig);
+            mark("new agent: started");
             await agent.waitForOutput("Programmed every service port but the refused ones", AGENT_START_MS);
+            mark("new agent: isolation done");
             // The probes go on until ten more have gone through the rules of the isolating sync.
             const seen = outcomes.length;
             await eventually(
@@ -646,6 +657,17 @@ async function runSuite(
               console.log(`  ${m.mode}: ${slowAnswers} connection(s) established but answered late`);
             }
             const failed = outcomes.filter((o) => o !== "ok");
+            if (failed.length > 0) {
+              const rules = m.mode === "nftables"
+                ? await sb.tryExec(sb.node, "nft", ["list", "table", "ip", "kube-proxy"])
+                : await sb.tryExec(sb.node, "iptables-save", []);
+              console.log(
+                `  ${m.mode}: restart timeline\n${timeline.join("\n")}\n--- old agent ---\n${
+                  old.tail(6000)
+                }` +
+                  `\n--- new agent ---\n${agent.tail(8000)}\n--- rules now ---\n${rules.stdout}`,
+              );
+            }
             assert.deepEqual(
               failed,
               [],
