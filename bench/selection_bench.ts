@@ -6,6 +6,7 @@ import type { EndpointSlice, Service } from "../lib/kube/types.ts";
 import { configureLogging } from "../lib/log.ts";
 import { FakeClock } from "../lib/proxy/clock.ts";
 import { Proxier } from "../lib/proxy/proxier.ts";
+import { ServiceHealthServer } from "../lib/server/service_health.ts";
 import { categorizeEndpoints } from "../lib/proxy/topology.ts";
 import type { Dataplane, EndpointInfo, ProxySnapshot, ServicePortInfo } from "../lib/proxy/types.ts";
 
@@ -67,10 +68,17 @@ class NullDataplane implements Dataplane {
   nextSync(): Promise<void> {
     return new Promise((r) => this.#waiter = r);
   }
+  /** Resolve nextSync() once the proxier's whole sync is done (its bookkeeping after the dataplane too). */
+  afterSync = false;
   sync(s: ProxySnapshot) {
     this.last = s;
-    this.#waiter?.();
-    this.#waiter = null;
+    const wake = () => {
+      this.#waiter?.();
+      this.#waiter = null;
+    };
+    // A timer runs once the microtasks that finish the proxier's sync have run.
+    if (this.afterSync) setTimeout(wake, 0);
+    else wake();
     return Promise.resolve({ full: s.changedServices === null, payloadBytes: 0, generateMs: 0, applyMs: 0 });
   }
 }
@@ -109,18 +117,22 @@ function fixtures(n: number, epsPer: number): { services: Service[]; slices: End
 
 const { services, slices } = fixtures(10_000, 5);
 
-async function initialSync(): Promise<{ proxier: Proxier; dp: NullDataplane }> {
+async function initialSync(
+  opts: { services?: Service[]; slices?: EndpointSlice[]; health?: ServiceHealthServer } = {},
+): Promise<{ proxier: Proxier; dp: NullDataplane }> {
   const clock = new FakeClock(0);
   const dp = new NullDataplane();
+  dp.afterSync = opts.health !== undefined;
   const proxier = new Proxier({
+    serviceHealthServer: opts.health,
     families: new Map([["IPv4", dp]]),
     nodeName: "node-0",
     minSyncPeriodMs: 0,
     syncPeriodMs: 30_000,
     clock,
   });
-  for (const s of services) proxier.onServiceAdd(s);
-  for (const s of slices) proxier.onEndpointSliceAdd(s);
+  for (const s of opts.services ?? services) proxier.onServiceAdd(s);
+  for (const s of opts.slices ?? slices) proxier.onEndpointSliceAdd(s);
   proxier.start();
   const synced = dp.nextSync();
   proxier.onServicesSynced();
@@ -155,3 +167,28 @@ Deno.bench("Proxier: 10k services, one slice changed, partial snapshot", { group
   await synced;
   if (warm.dp.last?.changedServices?.size !== 1) throw new Error("expected a partial snapshot");
 });
+
+// The whole sync of one change at 10k x 10, the bookkeeping after the dataplane included (the health server's
+// ports and local endpoint counts, the no-local-endpoints gauges): what the agent spends of a change beyond
+// minSyncPeriod besides rendering (docs/benchmarks.md, issue 21).
+const big = fixtures(10_000, 10);
+const health = new ServiceHealthServer({ addresses: ["127.0.0.1"] });
+const warm10 = await initialSync({ ...big, health });
+let k10 = 0;
+Deno.bench(
+  "Proxier: 10k services x 10 endpoints, one slice changed, whole sync with health bookkeeping",
+  { group: "sync" },
+  async () => {
+    const i = k10++ % 10_000;
+    const s = big.slices[i];
+    const synced = warm10.dp.nextSync();
+    warm10.proxier.onEndpointSliceUpdate(null, {
+      ...s,
+      endpoints: [...s.endpoints!.slice(1), {
+        addresses: [`10.200.${i & 255}.${k10 & 255}`],
+        conditions: { ready: true },
+      }],
+    });
+    await synced;
+  },
+);

@@ -29,6 +29,7 @@ import { EndpointsChangeTracker, ServiceChangeTracker } from "./change_tracker.t
 import { type Clock, realClock, type TimerId } from "./clock.ts";
 import { type InvalidEndpointSliceCallback, portKey } from "./endpoint_slice_cache.ts";
 import { nodeIPsOfFamily, topologyLabels } from "./node_manager.ts";
+import { ServiceHealthBook } from "./service_health_book.ts";
 import { BoundedFrequencyRunner } from "./runner.ts";
 import { isolateRefused } from "./isolation.ts";
 import type { InvalidServiceCallback } from "./service_port.ts";
@@ -119,6 +120,8 @@ export class Proxier {
   /** Recompute every selection on the next sync (node topology changed). */
   #selectionStale = false;
   #pollTimer: TimerId | null = null;
+  /** Health-check node ports and local endpoint counts, updated per Service a sync rebuilds. */
+  readonly #health = new ServiceHealthBook();
   #started = false;
   #syncCount = 0;
   #failureCount = 0;
@@ -575,15 +578,18 @@ export class Proxier {
     };
     if (selectionStale) {
       f.states.clear();
+      this.#health.clear(f.family);
       for (const [key] of f.services.services()) {
         const s = build(key);
         if (s) f.states.set(key, s);
+        if (s) this.#health.set(f.family, key, s);
       }
     } else {
       for (const key of changed) {
         const s = build(key);
         if (s) f.states.set(key, s);
         else f.states.delete(key);
+        this.#health.set(f.family, key, s ?? undefined);
       }
     }
     const servicePorts = new Map<string, ServicePortState>();
@@ -629,28 +635,10 @@ export class Proxier {
     noLocalEndpointsTotal.set({ ip_family: snapshot.family, traffic_policy: "external" }, external);
   }
 
-  /**
-   * Pushes health-check node ports and local ready endpoint counts to the service health server. The count is
-   * upstream's per-family one (distinct local ready IPs of one family), the larger of the two families when
-   * dual-stack, so a dual-stack pod counts once, as each of upstream's per-family servers reports it.
-   */
+  /** Pushes health-check node ports and local ready endpoint counts to the service health server. */
   #updateServiceHealth(): void {
     const server = this.opts.serviceHealthServer;
-    if (!server) return;
-    const ports = new Map<string, number>();
-    const counts = new Map<string, number>();
-    for (const f of this.#families) {
-      for (const [key, states] of f.states) {
-        const localIPs = new Set<string>();
-        for (const { info, endpoints } of states) {
-          if (info.healthCheckNodePort !== 0) ports.set(key, info.healthCheckNodePort);
-          for (const e of endpoints) if (e.isLocal && e.ready) localIPs.add(e.ip);
-        }
-        if (localIPs.size > (counts.get(key) ?? 0)) counts.set(key, localIPs.size);
-      }
-    }
-    server.syncServices(ports);
-    server.syncEndpoints(counts);
+    if (server) this.#health.flush(server);
   }
 }
 
