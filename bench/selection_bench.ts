@@ -151,20 +151,25 @@ Deno.bench(
   },
 );
 
-const warm = await initialSync();
-let k = 0;
-Deno.bench("Proxier: 10k services, one slice changed, partial snapshot", { group: "snapshot" }, async () => {
-  const i = k++ % 10_000;
-  const s = slices[i];
+/** Replaces the first endpoint of slice number `k` (mod the count) with a new address; resolves at the sync. */
+function changeOneSlice(warm: { proxier: Proxier; dp: NullDataplane }, all: EndpointSlice[], k: number) {
+  const i = k % all.length;
+  const s = all[i];
   const synced = warm.dp.nextSync();
   warm.proxier.onEndpointSliceUpdate(null, {
     ...s,
     endpoints: [...s.endpoints!.slice(1), {
-      addresses: [`10.200.${i & 255}.${k & 255}`],
+      addresses: [`10.200.${i & 255}.${(k + 1) & 255}`],
       conditions: { ready: true },
     }],
   });
-  await synced;
+  return synced;
+}
+
+const warm = await initialSync();
+let k = 0;
+Deno.bench("Proxier: 10k services, one slice changed, partial snapshot", { group: "snapshot" }, async () => {
+  await changeOneSlice(warm, slices, k++);
   if (warm.dp.last?.changedServices?.size !== 1) throw new Error("expected a partial snapshot");
 });
 
@@ -178,17 +183,5 @@ let k10 = 0;
 Deno.bench(
   "Proxier: 10k services x 10 endpoints, one slice changed, whole sync with health bookkeeping",
   { group: "sync" },
-  async () => {
-    const i = k10++ % 10_000;
-    const s = big.slices[i];
-    const synced = warm10.dp.nextSync();
-    warm10.proxier.onEndpointSliceUpdate(null, {
-      ...s,
-      endpoints: [...s.endpoints!.slice(1), {
-        addresses: [`10.200.${i & 255}.${k10 & 255}`],
-        conditions: { ready: true },
-      }],
-    });
-    await synced;
-  },
+  () => changeOneSlice(warm10, big.slices, k10++),
 );
