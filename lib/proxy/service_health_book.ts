@@ -2,7 +2,8 @@
  * What the service health server is told after each sync (upstream's `SyncServices(HealthCheckNodePorts())`
  * and `SyncEndpoints(LocalReadyEndpoints())`), kept per Service and brought up to date only for the Services a
  * sync rebuilt: at 10k Services x 10 endpoints, recomputing both maps from every endpoint after every sync took
- * ~5 ms (p50) and ~23 ms (p99, the garbage of 10k sets) of the agent's share of a one-endpoint change.
+ * ~5 ms (p50) and ~23 ms (p99, the garbage of 10k sets) of the agent's share of a one-endpoint change. The
+ * server is still told of the ports after every sync: it retries then a listener it could not open.
  *
  * The count is upstream's per-family one (distinct local ready IPs of one family), the larger of the two
  * families when dual-stack, so a dual-stack pod counts once, as each of upstream's per-family servers reports it.
@@ -53,9 +54,11 @@ export class ServiceHealthBook {
     entries.clear();
   }
 
-  /** Merges the changed Services into the server's maps and tells `server` (after a successful sync). */
+  /**
+   * Merges the changed Services into the server's maps and tells `server` (after a successful sync); the ports
+   * every time, since the server retries a listener that failed to open when it is told of the ports.
+   */
   flush(server: ServiceHealthUpdater): void {
-    let portsChanged = false;
     for (const key of this.#dirty) {
       let port = 0, local = 0;
       for (const entries of this.#families.values()) {
@@ -64,16 +67,13 @@ export class ServiceHealthBook {
         if (e.port !== 0) port = e.port;
         if (e.local > local) local = e.local;
       }
-      if (port !== (this.#ports.get(key) ?? 0)) {
-        portsChanged = true;
-        if (port === 0) this.#ports.delete(key);
-        else this.#ports.set(key, port);
-      }
+      if (port === 0) this.#ports.delete(key);
+      else this.#ports.set(key, port);
       if (local === 0) this.#counts.delete(key);
       else this.#counts.set(key, local);
     }
     this.#dirty.clear();
-    if (portsChanged) server.syncServices(this.#ports);
+    server.syncServices(this.#ports);
     server.syncEndpoints(this.#counts);
   }
 }
