@@ -604,14 +604,32 @@ export const CHANGES: Round[][] = [
   ],
 ];
 
-/** The node object both proxies run as: dual-stack, zone-a. */
+/** The zone label both proxies' node carries once they run (see `setNodeZone`). */
+const NODE_ZONE = "zone-a";
+
+/**
+ * Sets (or, with null, removes) the node's `topology.kubernetes.io/zone` label.
+ *
+ * Upstream v1.37.2 can lose its node's zone for its whole life: `NewNodeTopologyConfig` adds its handler to the
+ * node informer that is already running, which replays the node at once and records its labels, and the proxier
+ * is registered as a listener only afterwards; when the replay wins, the proxier never hears the zone (later
+ * events carry the same labels, and only changes are passed on) and programs every endpoint of a Service with
+ * zone hints. So `runPair` starts both proxies on a node without the label and adds it once both have synced:
+ * an update both must follow, not a start-up race.
+ */
+async function setNodeZone(api: KubeApiServer, zone: string | null): Promise<void> {
+  const ref = { apiVersion: "v1", kind: "Node", name: NODE };
+  await api.patch(ref, { metadata: { labels: { "topology.kubernetes.io/zone": zone } } });
+}
+
+/** The node object both proxies run as: dual-stack, labelled zone-a once they run (see `setNodeZone`). */
 export function nodeObject(): KubeObject {
   return {
     apiVersion: "v1",
     kind: "Node",
     metadata: {
       name: NODE,
-      labels: { "kubernetes.io/hostname": NODE, "topology.kubernetes.io/zone": "zone-a" },
+      labels: { "kubernetes.io/hostname": NODE },
     },
     spec: { podCIDR: "10.244.0.0/24", podCIDRs: ["10.244.0.0/24", "fd00:10:244::/64"] },
     status: {
@@ -717,7 +735,8 @@ export function upstreamProxy(
           ? ["--ipvs-sync-period=5s", "--ipvs-min-sync-period=0s"]
           : ["--iptables-sync-period=5s", "--iptables-min-sync-period=0s"]),
         "--conntrack-max-per-core=0",
-        "-v=2",
+        // -v=4 for the line that says the node's zone reached the proxier (see setNodeZone).
+        "-v=4",
         ...extraArgs,
       ]),
   };
@@ -737,7 +756,8 @@ export function ourAgent(
           nodeName: NODE,
           clusterCIDR: CLUSTER_CIDR,
           syncPeriodS: 5,
-          extraArgs,
+          // -v=4 for the line that says the node's zone reached the proxier (see setNodeZone).
+          extraArgs: ["-v=4", ...extraArgs],
           mode,
         }),
       ),
@@ -813,6 +833,7 @@ export async function runPair(
     // Each node namespace's address on the control-plane link differs (the one thing the two sandboxes do
     // not share); where a mode writes node addresses (ipvs NodePort virtual servers), it reads as a name.
     const linkAddress = new Map<string, string>();
+    await setNodeZone(api, null);
     for (const [proxy, sb] of sides) {
       linkAddress.set(sb.node, await api.attach(sb.node));
       await mode.prepare?.(sb);
@@ -827,6 +848,24 @@ export async function runPair(
       for (const k of Object.keys(d)) d[k] = d[k].replace(re, CONTROL_PLANE_LINK_ADDRESS);
       return d;
     };
+    // Both synced once without the zone label, then given it (see setNodeZone).
+    await Promise.all(
+      sides.map(([proxy, sb], i) =>
+        synced(proxy.who, procs[i], () => dumper(sb.node), mode, state, syncTimeoutMs)
+      ),
+    );
+    const offsets = procs.map((p) => p.output.length);
+    await setNodeZone(api, NODE_ZONE);
+    // Both proxies log this line (at -v=4) once the label has reached their endpoint selection.
+    await Promise.all(
+      procs.map((p, i) =>
+        p.waitForOutput(
+          new RegExp(`Updated proxier node topology labels.*${NODE_ZONE}`),
+          syncTimeoutMs,
+          offsets[i],
+        )
+      ),
+    );
     const out: RoundResult[] = [];
     for (const round of [{ name: "initial state" } as Round, ...rounds]) {
       await round.change?.(state);
