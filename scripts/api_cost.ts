@@ -9,6 +9,9 @@
  * ```sh
  * deno run -A scripts/api_cost.ts --services 10000 --endpoints 10 --agents 10 \
  *   --kinds ours,ours-watchlist,upstream --churn 20 --duration 60
+ * # the steady state: every kind at once, an hour of churn, requests counted per 10 minutes
+ * deno run -A scripts/api_cost.ts --services 2000 --agents 3 --kinds ours,upstream --together \
+ *   --churn 2 --duration 3600 --window 600
  * ```
  *
  * Kinds: `ours` (LIST + gzip, then WATCH; EndpointSlice watches in protobuf), `ours-json` (the same with
@@ -49,6 +52,10 @@ export interface ApiCostOptions {
   churn: number;
   /** Seconds of churn. */
   duration: number;
+  /** Seconds per window of the requests-over-time row (the steady state). */
+  window: number;
+  /** Start every kind's agents at once and churn them together (one run for the steady state of all). */
+  together: boolean;
   /** Seconds after the last agent's first sync before the start phase is closed. */
   settle: number;
   /** Seconds allowed for every agent's first sync. */
@@ -65,6 +72,8 @@ export type Verbs = Record<string, number>;
 export interface KindResult {
   kind: AgentKind;
   agents: number;
+  /** Agents started at once, this kind's and the others' with `together` (the API server figures are theirs). */
+  agentsTogether: number;
   /** Seconds from spawn to the first restore holding every Service, per agent (null: never). */
   firstSyncS: (number | null)[];
   /** Bytes received per agent during the start phase. */
@@ -74,6 +83,8 @@ export interface KindResult {
   /** Requests per agent during the start and the churn. */
   startRequests: Verbs[];
   churnRequests: Verbs[];
+  /** Requests per agent in each `window` seconds of the churn (re-watches, relists, bookmarks over time). */
+  churnRequestsPerWindow: number[][];
   /** URIs of the first requests of agent 0 (what it asked for). */
   sampleURIs: string[];
   apiCpuStartS: number;
@@ -326,15 +337,19 @@ async function runWith(
   );
   const gen = new Map<number, number>();
   let seq = 0;
-  for (const kind of o.kinds) {
-    const r: KindResult = {
+  // Each group starts at once and shares one churn: one kind per group, or every kind (--together).
+  const groups = o.together ? [o.kinds] : o.kinds.map((k) => [k]);
+  for (const group of groups) {
+    const rs = group.map((kind): KindResult => ({
       kind,
       agents: o.agents,
+      agentsTogether: o.agents * group.length,
       firstSyncS: [],
       startBytes: [],
       churnBytes: [],
       startRequests: [],
       churnRequests: [],
+      churnRequestsPerWindow: [],
       sampleURIs: [],
       apiCpuStartS: 0,
       apiCpuChurnS: 0,
@@ -345,25 +360,29 @@ async function runWith(
       churnWatchEvents: 0,
       loadAvg: "",
       errors: [],
-    };
-    results.push(r);
+    }));
+    results.push(...rs);
+    /** Every agent of the group: its kind, index within the kind, result and API user. */
+    const agents = group.flatMap((kind, g) =>
+      Array.from({ length: o.agents }, (_, i) => ({ kind, i, r: rs[g], user: `${kind}-${i}` }))
+    );
+    const n = agents.length;
+    /** Figures of the API server as a whole, shared by the group's kinds. */
+    const shared = (set: (r: KindResult) => void) => rs.forEach(set);
     const nss: string[] = [];
     const procs: Deno.ChildProcess[] = [];
     const logs: string[] = [];
     try {
-      for (let i = 0; i < o.agents; i++) {
+      for (const a of agents) {
         const ns = `dkp-${Deno.pid}-ac${seq++}`;
         await sh("ip", ["netns", "add", ns]);
         nss.push(ns);
         await sh("ip", ["-n", ns, "link", "set", "lo", "up"]);
         await api.attach(ns);
-        logs.push(`${work}/${kind}-${i}.restores`);
+        logs.push(`${work}/${a.user}.restores`);
       }
       const kubeconfigs = await Promise.all(
-        Array.from(
-          { length: o.agents },
-          (_, i) => api.writeKubeconfig({ token: api.tokens.get(`${kind}-${i}`) }),
-        ),
+        agents.map((a) => api.writeKubeconfig({ token: api.tokens.get(a.user) })),
       );
       // Let the server settle after the load or the previous kind.
       await new Promise((res) => setTimeout(res, 5000));
@@ -371,20 +390,20 @@ async function runWith(
       const m0 = await metrics();
       await Deno.writeTextFile(`/proc/${pid}/clear_refs`, "5");
       const p0 = procStats(pid);
-      r.apiRssBeforeMiB = p0.rssMiB;
+      shared((r) => r.apiRssBeforeMiB = p0.rssMiB);
       const tStart = Date.now();
-      for (let i = 0; i < o.agents; i++) {
-        const cmd = agentArgs(kind, kubeconfigs[i], `node-${i}`);
+      for (let j = 0; j < n; j++) {
+        const cmd = agentArgs(agents[j].kind, kubeconfigs[j], `node-${agents[j].i}`);
         procs.push(
           new Deno.Command("ip", {
             args: [
               "netns",
               "exec",
-              nss[i],
+              nss[j],
               "env",
               `PATH=${wrapDir}:${Deno.env.get("PATH")}`,
-              `DKP_AC_LOG=${logs[i]}`,
-              `XTABLES_LOCKFILE=${work}/xtables-${i}.lock`,
+              `DKP_AC_LOG=${logs[j]}`,
+              `XTABLES_LOCKFILE=${work}/xtables-${j}.lock`,
               ...cmd,
             ],
             stdin: "null",
@@ -393,41 +412,47 @@ async function runWith(
           }).spawn(),
         );
       }
-      procs.forEach((p, i) => {
-        const f = Deno.openSync(`${work}/${kind}-${i}.log`, { write: true, create: true, truncate: true });
+      procs.forEach((p, j) => {
+        const f = Deno.openSync(`${work}/${agents[j].user}.log`, {
+          write: true,
+          create: true,
+          truncate: true,
+        });
         p.stderr.pipeTo(f.writable).catch(() => {});
       });
-      const synced: (number | null)[] = Array(o.agents).fill(null);
+      const synced: (number | null)[] = Array(n).fill(null);
       const deadline = tStart + o.timeout * 1000;
       while (synced.some((s) => s === null) && Date.now() < deadline) {
         await new Promise((res) => setTimeout(res, 250));
-        for (let i = 0; i < o.agents; i++) {
-          if (synced[i] !== null) continue;
+        for (let j = 0; j < n; j++) {
+          if (synced[j] !== null) continue;
           let text = "";
           try {
-            text = await Deno.readTextFile(logs[i]);
+            text = await Deno.readTextFile(logs[j]);
           } catch { /* not yet */ }
           for (const line of text.split("\n")) {
             const [ns, name, count] = line.split(" ");
             if (name?.startsWith("iptables") && Number(count) >= o.services) {
-              synced[i] = (Number(ns) / 1e6 - tStart) / 1000;
+              synced[j] = (Number(ns) / 1e6 - tStart) / 1000;
               break;
             }
           }
         }
       }
-      r.firstSyncS = synced;
-      if (synced.some((s) => s === null)) {
-        r.errors.push(`${synced.filter((s) => s === null).length} agents did not sync`);
+      for (const r of rs) {
+        r.firstSyncS = synced.filter((_, j) => agents[j].r === r);
+        const missing = r.firstSyncS.filter((s) => s === null).length;
+        if (missing) r.errors.push(`${missing} agents did not sync`);
+        log(o.verbose, `${r.kind}: synced`, r.firstSyncS.map((s) => s?.toFixed(1)).join(" "));
       }
-      log(o.verbose, `${kind}: synced`, synced.map((s) => s?.toFixed(1)).join(" "));
       await new Promise((res) => setTimeout(res, o.settle * 1000));
       const tChurn = Date.now();
       const p1 = procStats(pid);
-      r.apiCpuStartS = p1.cpuS - p0.cpuS;
-      r.apiRssPeakMiB = p1.hwmMiB;
+      shared((r) => {
+        r.apiCpuStartS = p1.cpuS - p0.cpuS;
+        r.apiRssPeakMiB = p1.hwmMiB;
+      });
       const rx1 = await Promise.all(nss.map(rxBytes));
-      r.startBytes = rx1.map((b, i) => b - rx0[i]);
       const m1 = await metrics();
       const lat = (verb: string) => {
         const c = metricSum(m1, "apiserver_request_duration_seconds_count", { verb }) -
@@ -436,8 +461,10 @@ async function runWith(
           metricSum(m0, "apiserver_request_duration_seconds_sum", { verb });
         return c > 0 ? s / c : null;
       };
-      r.listLatencyS = lat("LIST");
-      r.getLatencyS = lat("GET");
+      shared((r) => {
+        r.listLatencyS = lat("LIST");
+        r.getLatencyS = lat("GET");
+      });
       // Churn: replace one endpoint of a random slice, `churn` times a second.
       const rand = mulberry(7);
       const churnEnd = tChurn + o.duration * 1000;
@@ -451,17 +478,19 @@ async function runWith(
         await api.patch(
           { apiVersion: "discovery.k8s.io/v1", kind: "EndpointSlice", namespace: NS, name: `svc-${i}-abcde` },
           { endpoints: (slice(i, o.endpoints, g) as unknown as { endpoints: unknown[] }).endpoints },
-        ).catch((e) => r.errors.push(String(e)));
+        ).catch((e) => rs[0].errors.push(String(e)));
         k++;
       }
       const p2 = procStats(pid);
-      r.apiCpuChurnS = p2.cpuS - p1.cpuS;
       const rx2 = await Promise.all(nss.map(rxBytes));
-      r.churnBytes = rx2.map((b, i) => b - rx1[i]);
       const m2 = await metrics();
-      r.churnWatchEvents = metricSum(m2, "apiserver_watch_events_total") -
-        metricSum(m1, "apiserver_watch_events_total");
-      r.loadAvg = (await Deno.readTextFile("/proc/loadavg")).split(" ").slice(0, 3).join(" ");
+      const loadAvg = (await Deno.readTextFile("/proc/loadavg")).split(" ").slice(0, 3).join(" ");
+      shared((r) => {
+        r.apiCpuChurnS = p2.cpuS - p1.cpuS;
+        r.churnWatchEvents = metricSum(m2, "apiserver_watch_events_total") -
+          metricSum(m1, "apiserver_watch_events_total");
+        r.loadAvg = loadAvg;
+      });
       for (const p of procs) p.kill("SIGTERM");
       // Agents get 15 s to exit after SIGTERM; one that does not is killed and reported.
       const exited = await Promise.all(
@@ -472,28 +501,35 @@ async function runWith(
           ])
         ),
       );
-      exited.forEach((ok, i) => {
+      exited.forEach((ok, j) => {
         if (ok) return;
-        r.errors.push(`${kind}-${i}: did not exit within 15 s of SIGTERM`);
+        agents[j].r.errors.push(`${agents[j].user}: did not exit within 15 s of SIGTERM`);
         try {
-          procs[i].kill("SIGKILL");
+          procs[j].kill("SIGKILL");
         } catch { /* gone */ }
       });
       await Promise.all(procs.map((p) => p.status));
       // Let the audit backend flush the watches' ResponseComplete events.
       await new Promise((res) => setTimeout(res, 2000));
       const audit = await readAudit(`${work}/audit.log`);
-      for (let i = 0; i < o.agents; i++) {
-        const mine = audit.filter((e) => e.user === `${kind}-${i}`);
+      const windowMs = o.window * 1000;
+      for (let j = 0; j < n; j++) {
+        const { r, i, user } = agents[j];
+        const mine = audit.filter((e) => e.user === user);
+        r.startBytes.push(rx1[j] - rx0[j]);
+        r.churnBytes.push(rx2[j] - rx1[j]);
         r.startRequests.push(countVerbs(mine.filter((e) => e.t < tChurn)));
-        r.churnRequests.push(countVerbs(mine.filter((e) => e.t >= tChurn && e.t < churnEnd)));
+        const churn = mine.filter((e) => e.t >= tChurn && e.t < churnEnd);
+        r.churnRequests.push(countVerbs(churn));
+        r.churnRequestsPerWindow.push(
+          Array.from(
+            { length: Math.ceil((churnEnd - tChurn) / windowMs) },
+            (_, w) => churn.filter((e) => Math.floor((e.t - tChurn) / windowMs) === w).length,
+          ),
+        );
         if (i === 0) r.sampleURIs = mine.slice(0, 12).map((e) => `${e.verb} ${e.uri}`);
-      }
-      for (let i = 0; i < o.agents; i++) {
-        if (synced[i] === null) {
-          r.errors.push(
-            `${kind}-${i}: ${(await Deno.readTextFile(`${work}/${kind}-${i}.log`)).slice(-1500)}`,
-          );
+        if (synced[j] === null) {
+          r.errors.push(`${user}: ${(await Deno.readTextFile(`${work}/${user}.log`)).slice(-1500)}`);
         }
       }
     } finally {
@@ -572,10 +608,10 @@ export function table(o: ApiCostOptions, rs: KindResult[]): string {
     ["bytes received per agent start (MiB, median)", (r) => median(r.startBytes), mib],
     ["first full sync (s, median)", (r) => median(r.firstSyncS.filter((x): x is number => x !== null)), f1],
     ["first full sync (s, slowest)", (r) => Math.max(...r.firstSyncS.map((x) => x ?? Infinity)), f1],
-    ["API server CPU per agent start (s)", (r) => r.apiCpuStartS / r.agents, f2],
+    ["API server CPU per agent start (s)", (r) => r.apiCpuStartS / r.agentsTogether, f2],
     [
       "API server peak RSS growth per agent start (MiB)",
-      (r) => (r.apiRssPeakMiB - r.apiRssBeforeMiB) / r.agents,
+      (r) => (r.apiRssPeakMiB - r.apiRssBeforeMiB) / r.agentsTogether,
       f2,
     ],
     ["API server mean LIST latency during the start (s)", (r) => r.listLatencyS, f2],
@@ -584,7 +620,9 @@ export function table(o: ApiCostOptions, rs: KindResult[]): string {
     ["API server CPU over the churn (s)", (r) => r.apiCpuChurnS, f1],
   ];
   const lines = [
-    `${o.agents} agents per kind started at once; ${o.services} Services × ${o.endpoints} endpoints; churn ${o.churn} slice updates/s for ${o.duration} s`,
+    `${o.agents} agents per kind started at once${
+      o.together ? ", every kind together (API server figures are the group's)" : ""
+    }; ${o.services} Services × ${o.endpoints} endpoints; churn ${o.churn} slice updates/s for ${o.duration} s`,
     "",
     `| | ${rs.map((r) => r.kind).join(" | ")} |${
       up ? rs.filter((r) => r !== up).map((r) => ` ${r.kind} / upstream |`).join("") : ""
@@ -594,8 +632,11 @@ export function table(o: ApiCostOptions, rs: KindResult[]): string {
   for (const [label, get, fmt] of rows) {
     const vals = rs.map(get);
     const u = up ? get(up) : null;
+    // With `together` the API server's figures belong to the whole group: no ratio.
+    const groupFigure = o.together && label.startsWith("API server");
     const ratios = up
       ? rs.filter((r) => r !== up).map((r) => {
+        if (groupFigure) return " - |";
         const v = get(r);
         return v !== null && u ? ` ${(v / u).toFixed(2)} |` : " - |";
       }).join("")
@@ -607,10 +648,21 @@ export function table(o: ApiCostOptions, rs: KindResult[]): string {
     `| requests per agent over the churn | ${rs.map((r) => fmtVerbs(r.churnRequests)).join(" | ")} |`,
   );
   lines.push(
+    `| requests per agent in each ${o.window} s of the churn | ${
+      rs.map((r) => perWindow(r.churnRequestsPerWindow).join(" ")).join(" | ")
+    } |`,
+  );
+  lines.push(
     `| API server RSS before the start (MiB) | ${rs.map((r) => r.apiRssBeforeMiB.toFixed(0)).join(" | ")} |`,
   );
   lines.push(`| load average after the kind | ${rs.map((r) => r.loadAvg).join(" | ")} |`);
   return lines.join("\n");
+}
+
+/** The mean over agents of each window's requests. */
+function perWindow(vs: number[][]): string[] {
+  if (vs.length === 0) return [];
+  return vs[0].map((_, w) => (vs.reduce((s, v) => s + v[w], 0) / vs.length).toFixed(1));
 }
 
 function total(vs: Verbs[]): number {
@@ -629,6 +681,8 @@ if (import.meta.main) {
       kinds: { type: "string", default: KINDS.join(",") },
       churn: { type: "string", default: "20" },
       duration: { type: "string", default: "60" },
+      window: { type: "string", default: "600" },
+      together: { type: "boolean", default: false },
       settle: { type: "string", default: "5" },
       timeout: { type: "string", default: "600" },
       concurrency: { type: "string", default: "16" },
@@ -643,6 +697,8 @@ if (import.meta.main) {
     kinds: values.kinds.split(",") as AgentKind[],
     churn: Number(values.churn),
     duration: Number(values.duration),
+    window: Number(values.window),
+    together: values.together,
     settle: Number(values.settle),
     timeout: Number(values.timeout),
     concurrency: Number(values.concurrency),
