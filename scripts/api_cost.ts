@@ -114,15 +114,23 @@ rules:
 `;
 }
 
-/** A no-op iptables/nft: logs `<ns-time> <name> <Services in the payload>` for restores, writes nothing. */
+/**
+ * A no-op iptables/nft: logs `<ns-time> <name> <Services in the payload>` for restores, writes nothing. Read
+ * back, it answers as a kernel holding what was restored would where an agent checks: `-S KUBE-SERVICES` lists a
+ * service rule once a restore carried one (this agent's check that nat KUBE-SERVICES was not flushed; without it
+ * every sync would be full), and every other check succeeds (upstream's canary).
+ */
 const WRAPPER = `#!/bin/sh
 name=$(basename "$0")
 case " $* " in *" --version "*|*" -V "*|*" -v "*) case "$name" in
   nft*) echo "nftables v1.0.9 (Old Doc Yak #3)";;
   *) echo "$name v1.8.9 (legacy)";; esac; exit 0;; esac
 case "$name" in
-  *-restore) n=$(grep -c -- '-A KUBE-SERVICES .*-j KUBE-SVC-'); echo "$(date +%s%N) $name $n" >> "$DKP_AC_LOG";;
+  *-restore) n=$(grep -c -- '-A KUBE-SERVICES .*-j KUBE-SVC-'); echo "$(date +%s%N) $name $n" >> "$DKP_AC_LOG";
+    [ "$n" -gt 0 ] && touch "$DKP_AC_LOG.\${name%%-*}.services";;
   *-save) ;;
+  iptables*|ip6tables*) case " $* " in *" -S KUBE-SERVICES "*)
+    [ -e "$DKP_AC_LOG.\${name%%-*}.services" ] && echo "-A KUBE-SERVICES -j KUBE-SVC-RESTORED";; esac;;
   nft) case " $* " in *" -f "*) cat > /dev/null;; esac;;
 esac
 exit 0
