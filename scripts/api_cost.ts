@@ -32,7 +32,7 @@
  */
 import { parseArgs } from "node:util";
 import { k8sBinary, KubeApiServer } from "../testkit/kube_apiserver.ts";
-import { agentCommand as startCommand } from "../testkit/agent_command.ts";
+import { agentCommand as startCommand, PROJECT_ROOT } from "../testkit/agent_command.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
 import { sh } from "./scale_netns.ts";
 
@@ -269,6 +269,11 @@ export async function runApiCost(o: ApiCostOptions): Promise<KindResult[]> {
   const wrapDir = `${work}/bin`;
   await Deno.mkdir(wrapDir);
   for (const name of WRAPPED) await Deno.writeTextFile(`${wrapDir}/${name}`, WRAPPER, { mode: 0o755 });
+  if (o.kinds.some((k) => k !== "upstream")) {
+    // The agents start in namespaces without DNS: their npm modules must be in Deno's cache beforehand.
+    const c = await new Deno.Command(Deno.execPath(), { args: ["cache", `${PROJECT_ROOT}main.ts`] }).output();
+    if (!c.success) throw new Error(`deno cache main.ts failed: ${new TextDecoder().decode(c.stderr)}`);
+  }
   const users = o.kinds.flatMap((k) => Array.from({ length: o.agents }, (_, i) => `${k}-${i}`));
   await Deno.writeTextFile(`${work}/audit-policy.yaml`, auditPolicy(users));
   const api = await KubeApiServer.start({
@@ -429,11 +434,21 @@ async function runWith(
         p.stderr.pipeTo(f.writable).catch(() => {});
       });
       const synced: (number | null)[] = Array(n).fill(null);
+      const exitCodes: (number | null)[] = Array(n).fill(null);
+      procs.forEach((p, j) => p.status.then((s) => exitCodes[j] = s.code));
       const deadline = tStart + o.timeout * 1000;
       while (synced.some((s) => s === null) && Date.now() < deadline) {
         await new Promise((res) => setTimeout(res, 250));
         for (let j = 0; j < n; j++) {
           if (synced[j] !== null) continue;
+          if (exitCodes[j] !== null) {
+            // An agent that exited before its first sync will not sync: say why instead of waiting it out.
+            const tail = (await Deno.readTextFile(`${work}/${agents[j].user}.log`).catch(() => ""))
+              .split("\n").slice(-15).join("\n");
+            throw new Error(
+              `${agents[j].user} exited (code ${exitCodes[j]}) before its first sync:\n${tail}`,
+            );
+          }
           let text = "";
           try {
             text = await Deno.readTextFile(logs[j]);
