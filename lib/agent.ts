@@ -21,6 +21,7 @@ import {
   newServiceCIDRInformer,
   newServiceInformer,
 } from "./kube/informer.ts";
+import { HeldCalls } from "./kube/held_calls.ts";
 import { KubeConfigError } from "./kube/kubeconfig.ts";
 import { protobufWatchAccept } from "./kube/protobuf.ts";
 import type { Node } from "./kube/types.ts";
@@ -96,18 +97,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   const cfg = opts.config;
   const modeName: ProxyModeName = opts.mode;
   const mode = newDataplaneMode(modeName);
-  // Upstream's platformCleanup: another mode's rules would fight this one's. Best effort; already logged.
-  await cleanupOtherModes(runner, modeName, log);
-  if (opts.nodePortAddresses.length === 0) {
-    log.error(
-      "Kube-proxy configuration may be incomplete or incorrect",
-      "nodePortAddresses is unset; NodePort connections will be accepted on all local IPs. " +
-        "Consider using `--nodeport-addresses primary`",
-    );
-  }
 
-  await platformInit(opts, runner);
-
+  // The client first, as upstream: a kubeconfig that cannot work fails before the kernel is touched.
   let client: KubeClient;
   try {
     client = await createKubeClient(
@@ -164,11 +155,61 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   });
   nodeInformer.start(abort.signal);
   stops.push(() => nodeInformer.stop());
+
+  // The Service, EndpointSlice and ServiceCIDR lists run while the node and the kernel are set up (at scale
+  // the lists are most of the time to a first sync); what they deliver is held until the proxier exists.
+  // The proxier keeps its own model of Services and EndpointSlices; the informer caches keep only identities.
+  const held = new HeldCalls();
+  let proxier!: Proxier;
+  const services = newServiceInformer(client, {
+    resyncMs,
+    useWatchList,
+    cacheTransform: keepServiceIdentity,
+  });
+  services.addEventHandler({
+    onAdd: (s) => held.run(() => proxier.onServiceAdd(s)),
+    onUpdate: (o, s) => held.run(() => proxier.onServiceUpdate(o, s)),
+    onDelete: (s) => held.run(() => proxier.onServiceDelete(s)),
+  });
+  services.onSynced(() => held.run(() => proxier.onServicesSynced()));
+  const slices = newEndpointSliceInformer(client, {
+    resyncMs,
+    useWatchList,
+    cacheTransform: keepEndpointSliceIdentity,
+    // EndpointSlice events are most of the steady state's watch traffic: protobuf is ~1/3.5 of their JSON.
+    watchAccept: protobufWatchAccept(cfg.clientConnection),
+  });
+  slices.addEventHandler({
+    onAdd: (s) => held.run(() => proxier.onEndpointSliceAdd(s)),
+    onUpdate: (o, s) => held.run(() => proxier.onEndpointSliceUpdate(o, s)),
+    onDelete: (s) => held.run(() => proxier.onEndpointSliceDelete(s)),
+  });
+  slices.onSynced(() => held.run(() => proxier.onEndpointSlicesSynced()));
+  // Upstream watches ServiceCIDRs since MultiCIDRServiceAllocator went GA; every CIDR of every object counts.
+  const serviceCIDRs = newServiceCIDRInformer(client, { resyncMs, useWatchList });
+  const pushCIDRs = () =>
+    held.run(() => proxier.onServiceCIDRsChanged(serviceCIDRs.list().flatMap((c) => c.spec?.cidrs ?? [])));
+  serviceCIDRs.addEventHandler({ onAdd: pushCIDRs, onUpdate: pushCIDRs, onDelete: pushCIDRs });
+  services.start(abort.signal);
+  slices.start(abort.signal);
+  serviceCIDRs.start(abort.signal);
+  stops.push(() => services.stop(), () => slices.stop(), () => serviceCIDRs.stop());
+
   // Until the dataplanes exist, a failure (no Node, a mode that cannot run here) stops what was started.
   let nodeIPs: ReturnType<typeof detectNodeIPs>;
   let families: IPFamily[];
   let dataplanes: Map<IPFamily, Dataplane>;
   try {
+    // Upstream's platformCleanup: another mode's rules would fight this one's. Best effort; already logged.
+    await cleanupOtherModes(runner, modeName, log);
+    if (opts.nodePortAddresses.length === 0) {
+      log.error(
+        "Kube-proxy configuration may be incomplete or incorrect",
+        "nodePortAddresses is unset; NodePort connections will be accepted on all local IPs. " +
+          "Consider using `--nodeport-addresses primary`",
+      );
+    }
+    await platformInit(opts, runner);
     const node = await nodeManager.waitForNode();
     nodeIPs = detectNodeIPs(node, cfg.bindAddress);
     log.info("Successfully retrieved node IP(s)", { IPs: nodeIPs });
@@ -282,7 +323,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   });
   stops.push(() => serviceHealth.stop());
 
-  const proxier = new Proxier({
+  proxier = new Proxier({
     families: dataplanes,
     nodeName,
     minSyncPeriodMs: opts.minSyncPeriod,
@@ -341,41 +382,6 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     onDelete: (n) => proxier.onNodeDelete(n),
   });
 
-  // The proxier keeps its own model of Services and EndpointSlices; the informer caches keep only identities.
-  const services = newServiceInformer(client, {
-    resyncMs,
-    useWatchList,
-    cacheTransform: keepServiceIdentity,
-  });
-  services.addEventHandler({
-    onAdd: (s) => proxier.onServiceAdd(s),
-    onUpdate: (o, s) => proxier.onServiceUpdate(o, s),
-    onDelete: (s) => proxier.onServiceDelete(s),
-  });
-  services.onSynced(() => proxier.onServicesSynced());
-  const slices = newEndpointSliceInformer(client, {
-    resyncMs,
-    useWatchList,
-    cacheTransform: keepEndpointSliceIdentity,
-    // EndpointSlice events are most of the steady state's watch traffic: protobuf is ~1/3.5 of their JSON.
-    watchAccept: protobufWatchAccept(cfg.clientConnection),
-  });
-  slices.addEventHandler({
-    onAdd: (s) => proxier.onEndpointSliceAdd(s),
-    onUpdate: (o, s) => proxier.onEndpointSliceUpdate(o, s),
-    onDelete: (s) => proxier.onEndpointSliceDelete(s),
-  });
-  slices.onSynced(() => proxier.onEndpointSlicesSynced());
-  // Upstream watches ServiceCIDRs since MultiCIDRServiceAllocator went GA; every CIDR of every object counts.
-  const serviceCIDRs = newServiceCIDRInformer(client, { resyncMs, useWatchList });
-  const pushCIDRs = () =>
-    proxier.onServiceCIDRsChanged(serviceCIDRs.list().flatMap((c) => c.spec?.cidrs ?? []));
-  serviceCIDRs.addEventHandler({ onAdd: pushCIDRs, onUpdate: pushCIDRs, onDelete: pushCIDRs });
-  services.start(abort.signal);
-  slices.start(abort.signal);
-  serviceCIDRs.start(abort.signal);
-  stops.push(() => services.stop(), () => slices.stop(), () => serviceCIDRs.stop());
-
   if (opts.configFile !== "") {
     // Upstream exits when its config file changes so that the DaemonSet restarts it with the new one.
     const watcher = Deno.watchFs(opts.configFile);
@@ -399,6 +405,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   events.event(nodeRef(nodeName), "Normal", "Starting", "StartKubeProxy", "");
   stops.push(() => events.flush());
   proxier.start();
+  held.release();
 
   const onSignal = (sig: Deno.Signal) => {
     log.info("Received signal, shutting down", { signal: sig });
