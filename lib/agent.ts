@@ -199,6 +199,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   let nodeIPs: ReturnType<typeof detectNodeIPs>;
   let families: IPFamily[];
   let dataplanes: Map<IPFamily, Dataplane>;
+  let init: Promise<void> = Promise.resolve();
   try {
     // Upstream's platformCleanup: another mode's rules would fight this one's. Best effort; already logged.
     await cleanupOtherModes(runner, modeName, log);
@@ -209,7 +210,9 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
           "Consider using `--nodeport-addresses primary`",
       );
     }
-    await platformInit(opts, runner);
+    // OOM score and conntrack sysctls (never throws) run beside the node wait and the mode's set-up; the first
+    // sync waits for them.
+    init = platformInit(opts, runner);
     const node = await nodeManager.waitForNode();
     nodeIPs = detectNodeIPs(node, cfg.bindAddress);
     log.info("Successfully retrieved node IP(s)", { IPs: nodeIPs });
@@ -232,6 +235,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     families = await mode.probeFamilies(modeContext);
     dataplanes = await mode.createDataplanes(modeContext, families);
   } catch (err) {
+    await init;
     await events.flush();
     await stop();
     throw err;
@@ -381,6 +385,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     onUpdate: (o, n) => proxier.onNodeUpdate(o, n),
     onDelete: (n) => proxier.onNodeDelete(n),
   });
+  // What the lists delivered so far goes to the proxier now (the rest as it arrives); it syncs once started.
+  held.release();
 
   if (opts.configFile !== "") {
     // Upstream exits when its config file changes so that the DaemonSet restarts it with the new one.
@@ -404,8 +410,8 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
 
   events.event(nodeRef(nodeName), "Normal", "Starting", "StartKubeProxy", "");
   stops.push(() => events.flush());
+  await init;
   proxier.start();
-  held.release();
 
   const onSignal = (sig: Deno.Signal) => {
     log.info("Received signal, shutting down", { signal: sig });
