@@ -159,19 +159,18 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   // The Service, EndpointSlice and ServiceCIDR lists run while the node and the kernel are set up (at scale
   // the lists are most of the time to a first sync); what they deliver is held until the proxier exists.
   // The proxier keeps its own model of Services and EndpointSlices; the informer caches keep only identities.
-  const held = new HeldCalls();
-  let proxier!: Proxier;
+  const held = new HeldCalls<Proxier>();
   const services = newServiceInformer(client, {
     resyncMs,
     useWatchList,
     cacheTransform: keepServiceIdentity,
   });
   services.addEventHandler({
-    onAdd: (s) => held.run(() => proxier.onServiceAdd(s)),
-    onUpdate: (o, s) => held.run(() => proxier.onServiceUpdate(o, s)),
-    onDelete: (s) => held.run(() => proxier.onServiceDelete(s)),
+    onAdd: (s) => held.run((p) => p.onServiceAdd(s)),
+    onUpdate: (o, s) => held.run((p) => p.onServiceUpdate(o, s)),
+    onDelete: (s) => held.run((p) => p.onServiceDelete(s)),
   });
-  services.onSynced(() => held.run(() => proxier.onServicesSynced()));
+  services.onSynced(() => held.run((p) => p.onServicesSynced()));
   const slices = newEndpointSliceInformer(client, {
     resyncMs,
     useWatchList,
@@ -180,15 +179,15 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     watchAccept: protobufWatchAccept(cfg.clientConnection),
   });
   slices.addEventHandler({
-    onAdd: (s) => held.run(() => proxier.onEndpointSliceAdd(s)),
-    onUpdate: (o, s) => held.run(() => proxier.onEndpointSliceUpdate(o, s)),
-    onDelete: (s) => held.run(() => proxier.onEndpointSliceDelete(s)),
+    onAdd: (s) => held.run((p) => p.onEndpointSliceAdd(s)),
+    onUpdate: (o, s) => held.run((p) => p.onEndpointSliceUpdate(o, s)),
+    onDelete: (s) => held.run((p) => p.onEndpointSliceDelete(s)),
   });
-  slices.onSynced(() => held.run(() => proxier.onEndpointSlicesSynced()));
+  slices.onSynced(() => held.run((p) => p.onEndpointSlicesSynced()));
   // Upstream watches ServiceCIDRs since MultiCIDRServiceAllocator went GA; every CIDR of every object counts.
   const serviceCIDRs = newServiceCIDRInformer(client, { resyncMs, useWatchList });
   const pushCIDRs = () =>
-    held.run(() => proxier.onServiceCIDRsChanged(serviceCIDRs.list().flatMap((c) => c.spec?.cidrs ?? [])));
+    held.run((p) => p.onServiceCIDRsChanged(serviceCIDRs.list().flatMap((c) => c.spec?.cidrs ?? [])));
   serviceCIDRs.addEventHandler({ onAdd: pushCIDRs, onUpdate: pushCIDRs, onDelete: pushCIDRs });
   services.start(abort.signal);
   slices.start(abort.signal);
@@ -327,7 +326,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
   });
   stops.push(() => serviceHealth.stop());
 
-  proxier = new Proxier({
+  const proxier = new Proxier({
     families: dataplanes,
     nodeName,
     minSyncPeriodMs: opts.minSyncPeriod,
@@ -386,7 +385,7 @@ export async function runAgent(opts: ProxyOptions, deps: AgentDeps = {}): Promis
     onDelete: (n) => proxier.onNodeDelete(n),
   });
   // What the lists delivered so far goes to the proxier now (the rest as it arrives); it syncs once started.
-  held.release();
+  held.release(proxier);
 
   if (opts.configFile !== "") {
     // Upstream exits when its config file changes so that the DaemonSet restarts it with the new one.

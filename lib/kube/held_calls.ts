@@ -6,31 +6,40 @@
  */
 import { log } from "../log.ts";
 
-/** Calls queued until {@linkcode HeldCalls.release}, then run in order; after the release each runs at once. */
-export class HeldCalls {
-  #queue: (() => void)[] | null = [];
+/**
+ * Calls on a receiver `R` that does not exist yet: queued until {@linkcode HeldCalls.release} hands the
+ * receiver over, then run in order; after the release each runs at once.
+ */
+export class HeldCalls<R> {
+  #queue: ((receiver: R) => void)[] = [];
+  #receiver: R | undefined;
+  #released = false;
 
-  /** Runs `fn` now if released, else queues it. */
-  run(fn: () => void): void {
-    if (this.#queue === null) fn();
+  /** Runs `fn` on the receiver now if released, else queues it. */
+  run(fn: (receiver: R) => void): void {
+    if (this.#released) fn(this.#receiver as R);
     else this.#queue.push(fn);
   }
 
   /** Number of calls waiting for the release. */
   get held(): number {
-    return this.#queue?.length ?? 0;
+    return this.#queue.length;
   }
 
-  /** Runs the queued calls in order (one that throws is logged, the others still run) and stops holding. */
-  release(): void {
-    const queue = this.#queue;
-    this.#queue = null;
-    for (const fn of queue ?? []) {
+  /**
+   * Runs the queued calls on `receiver` in order (one that throws is logged, the others still run; a call queued
+   * meanwhile runs after them), then runs later calls at once.
+   */
+  release(receiver: R): void {
+    this.#receiver = receiver;
+    for (let i = 0; i < this.#queue.length; i++) {
       try {
-        fn();
+        this.#queue[i](receiver);
       } catch (err) {
         log.error("A held informer callback failed", err);
       }
     }
+    this.#queue = [];
+    this.#released = true;
   }
 }
