@@ -1,7 +1,8 @@
 /**
  * Wires the running agent from resolved {@linkcode ProxyOptions}: API client, informers, node manager,
- * dataplanes, proxier, servers and events, in upstream kube-proxy's start-up order. main.ts only parses
- * the command line and calls {@linkcode runAgent}.
+ * dataplanes, proxier, servers and events, in upstream kube-proxy's start-up order except that the Service and
+ * EndpointSlice lists start with the client (held until the proxier exists) and the sysctls run beside the node
+ * wait. main.ts only parses the command line and calls {@linkcode runAgent}.
  * @module
  */
 import type { ProxyOptions } from "./config/command.ts";
