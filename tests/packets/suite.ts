@@ -628,7 +628,10 @@ async function runSuite(
                   // carried the connection. Only a connection never established counts as a failure.
                   if (r.result === "timeout" && r.connected) slowAnswers++;
                   const outcome = r.result === "ok" || r.connected ? "ok" : `${ip} ${r.result}`;
-                  if (outcome !== "ok") mark(`probe failed: ${outcome}`);
+                  if (outcome !== "ok") {
+                    const late = r.timerLateMs === undefined ? "" : `, its timer ${r.timerLateMs} ms late`;
+                    mark(`probe failed: ${outcome} after ${r.elapsedMs} ms${late}`);
+                  }
                   outcomes.push(outcome);
                 }
                 await sleep(20);
