@@ -10,7 +10,7 @@
  * @module
  */
 
-import { ipValue } from "../net/ip.ts";
+import { ipv4Number, ipValue } from "../net/ip.ts";
 
 const DNS1123_LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";
 const DNS1123_LABEL_MSG =
@@ -138,32 +138,42 @@ export function notSupportedError(path: string, value: unknown, supported: reado
   }`;
 }
 
+/** {@linkcode endpointIPErrors} for an IPv4 address given as its number (no allocation when it is valid). */
+export function endpointIPv4Errors(raw: string, v: number): readonly string[] {
+  const a = v >>> 24, b = (v >>> 16) & 255, c = (v >>> 8) & 255;
+  if (v !== 0 && a !== 127 && !(a === 169 && b === 254) && !(a === 224 && b === 0 && c === 0)) {
+    return NO_ERRORS;
+  }
+  const errs: string[] = [];
+  if (v === 0) errs.push(`may not be unspecified (${raw})`);
+  if (a === 127) errs.push("may not be in the loopback range (127.0.0.0/8, ::1/128)");
+  if (a === 169 && b === 254) errs.push("may not be in the link-local range (169.254.0.0/16, fe80::/10)");
+  if (a === 224 && b === 0 && c === 0) {
+    errs.push("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)");
+  }
+  return errs;
+}
+
+const NO_ERRORS: readonly string[] = Object.freeze([]);
+
 /**
  * `ValidateEndpointIP` (after the family check): an endpoint may not be unspecified, loopback, link-local
  * unicast or link-local multicast. `ip` is a parsed address of `family`.
  */
-export function endpointIPErrors(raw: string, ip: string, family: "IPv4" | "IPv6"): string[] {
+export function endpointIPErrors(raw: string, ip: string, family: "IPv4" | "IPv6"): readonly string[] {
+  if (family === "IPv4") {
+    const v = ipv4Number(ip);
+    return v === null ? ["must be a valid IP address"] : endpointIPv4Errors(raw, v);
+  }
   const v = ipValue(ip);
   if (!v) return ["must be a valid IP address"];
   const errs: string[] = [];
-  if (family === "IPv4") {
-    const a = Number(v.value >> 24n), b = Number((v.value >> 16n) & 255n), c = Number((v.value >> 8n) & 255n);
-    if (v.value === 0n) errs.push(`may not be unspecified (${raw})`);
-    if (a === 127) errs.push("may not be in the loopback range (127.0.0.0/8, ::1/128)");
-    if (a === 169 && b === 254) errs.push("may not be in the link-local range (169.254.0.0/16, fe80::/10)");
-    if (a === 224 && b === 0 && c === 0) {
-      errs.push("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)");
-    }
-  } else {
-    const top = Number(v.value >> 112n);
-    if (v.value === 0n) errs.push(`may not be unspecified (${raw})`);
-    if (v.value === 1n) errs.push("may not be in the loopback range (127.0.0.0/8, ::1/128)");
-    if ((top & 0xffc0) === 0xfe80) {
-      errs.push("may not be in the link-local range (169.254.0.0/16, fe80::/10)");
-    }
-    if ((top & 0xff0f) === 0xff02) {
-      errs.push("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)");
-    }
+  const top = Number(v.value >> 112n);
+  if (v.value === 0n) errs.push(`may not be unspecified (${raw})`);
+  if (v.value === 1n) errs.push("may not be in the loopback range (127.0.0.0/8, ::1/128)");
+  if ((top & 0xffc0) === 0xfe80) errs.push("may not be in the link-local range (169.254.0.0/16, fe80::/10)");
+  if ((top & 0xff0f) === 0xff02) {
+    errs.push("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)");
   }
   return errs;
 }

@@ -19,17 +19,56 @@ export interface ParsedCIDR {
   readonly prefix: number;
 }
 
-function parseIPv4Octets(s: string): number[] | null {
-  const parts = s.split(".");
-  if (parts.length !== 4) return null;
-  const out: number[] = [];
-  for (const p of parts) {
-    if (p.length === 0 || p.length > 3 || !/^[0-9]+$/.test(p)) return null;
-    const n = Number(p);
-    if (n > 255) return null;
-    out.push(n);
+/**
+ * Dotted-quad text (1-3 decimal digits per octet, leading zeros allowed, each at most 255) as an unsigned 32-bit
+ * number, or -1 when it is not. A scan of character codes that allocates nothing: it runs for every endpoint
+ * address of every EndpointSlice.
+ */
+export function scanIPv4(s: string): number {
+  let value = 0;
+  let octets = 0;
+  let n = 0;
+  let digits = 0;
+  for (let i = 0; i <= s.length; i++) {
+    const c = i < s.length ? s.charCodeAt(i) : 46; // a final "." closes the last octet
+    if (c === 46) {
+      if (digits === 0 || n > 255 || octets === 4) return -1;
+      value = value * 256 + n;
+      octets++;
+      n = 0;
+      digits = 0;
+    } else if (c >= 48 && c <= 57) {
+      if (++digits > 3) return -1;
+      n = n * 10 + (c - 48);
+    } else return -1;
   }
-  return out;
+  return octets === 4 ? value : -1;
+}
+
+function parseIPv4Octets(s: string): number[] | null {
+  const v = scanIPv4(s);
+  return v < 0 ? null : [v >>> 24, (v >>> 16) & 255, (v >>> 8) & 255, v & 255];
+}
+
+/** True when valid dotted-quad text is already canonical (no octet with a leading zero): it can be kept as is. */
+export function isCanonicalIPv4(s: string): boolean {
+  for (let i = 0; i < s.length - 1; i++) {
+    if (s.charCodeAt(i) === 48 && (i === 0 || s.charCodeAt(i - 1) === 46) && s.charCodeAt(i + 1) !== 46) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/** An IPv4 address as an unsigned 32-bit number; null when `s` is not dotted-quad text. */
+export function ipv4Number(s: string): number | null {
+  const v = scanIPv4(s);
+  return v < 0 ? null : v;
+}
+
+/** The dotted-quad text of an unsigned 32-bit number. */
+export function formatIPv4(v: number): string {
+  return `${v >>> 24}.${(v >>> 16) & 255}.${(v >>> 8) & 255}.${v & 255}`;
 }
 
 /** Parses IPv6 text into 8 hextets; null when invalid. Accepts an embedded IPv4 tail. */
@@ -95,8 +134,9 @@ function formatIPv6(h: number[]): string {
 export function parseIP(s: string): ParsedIP | null {
   if (typeof s !== "string") return null;
   if (!s.includes(":")) {
-    const o = parseIPv4Octets(s);
-    return o ? { ip: o.join("."), family: "IPv4" } : null;
+    const v = scanIPv4(s);
+    if (v < 0) return null;
+    return { ip: isCanonicalIPv4(s) ? s : formatIPv4(v), family: "IPv4" };
   }
   const h = parseIPv6Hextets(s);
   if (!h) return null;

@@ -10,10 +10,11 @@
  */
 import { type EndpointSlice, LABEL_SERVICE_NAME } from "../kube/types.ts";
 import { log } from "../log.ts";
-import { parseIP } from "../net/ip.ts";
+import { formatIPv4, isCanonicalIPv4, parseIP, scanIPv4 } from "../net/ip.ts";
 import type { EndpointInfo, IPFamily, Protocol } from "./types.ts";
 import {
   endpointIPErrors,
+  endpointIPv4Errors,
   fieldError,
   isDNS1035Label,
   isDNS1123Label,
@@ -53,6 +54,8 @@ interface SlicePort {
 }
 
 const READY = 1, SERVING = 2, TERMINATING = 4, LOCAL = 8;
+/** How many valid names of one kind are remembered before the memory starts over (a cluster has 5,000 nodes). */
+const GOOD_NAMES_LIMIT = 20_000;
 
 /** Zone and node hints of an endpoint (rare: kept out of the endpoint itself). */
 interface Hints {
@@ -229,6 +232,8 @@ export class EndpointSliceCache {
   readonly #slices = new Map<string, SliceInfo | Map<string, SliceInfo>>();
   readonly #strings = new Interner();
   readonly #ports = new Map<string, readonly SlicePort[]>();
+  /** Per validation function: names that passed it (see #nameProblem). */
+  readonly #goodNames = new Map<(v: string) => string[], Set<string>>();
 
   /**
    * @param nodeName This node's name (for `isLocal`).
@@ -360,43 +365,73 @@ export class EndpointSliceCache {
 
   /**
    * The first field of an endpoint the API would have refused (its address parsed as the slice's family, its
-   * node name, zone, hostname and hints), or null when the endpoint is usable.
+   * node name, zone, hostname and hints) as `problem`, or, when the endpoint is usable, its first address's
+   * canonical text as `ip`. Field paths are spelled only for a problem (this runs for every endpoint).
    */
-  #endpointProblem(
+  #checkEndpoint(
     ep: NonNullable<EndpointSlice["endpoints"]>[number],
     i: number,
-  ): { field: string; message: string } | null {
-    const at = `endpoints[${i}]`;
+  ): { ip: string; problem?: undefined } | { ip?: undefined; problem: { field: string; message: string } } {
+    const fail = (suffix: string, value: unknown, errs: readonly string[]) => {
+      const path = `endpoints[${i}]${suffix}`;
+      return { problem: { field: path, message: fieldError(path, value, errs) } };
+    };
     const addresses = ep.addresses ?? [];
+    let first = "";
     for (let j = 0; j < addresses.length; j++) {
       const raw = addresses[j];
-      const path = `${at}.addresses[${j}]`;
+      const v4 = this.family === "IPv4" && typeof raw === "string" ? scanIPv4(raw) : -1;
+      if (v4 >= 0) {
+        // Plain dotted-quad IPv4 (the common case), checked as a number.
+        const errs = endpointIPv4Errors(raw, v4);
+        if (errs.length > 0) return fail(`.addresses[${j}]`, raw, errs);
+        if (j === 0) first = isCanonicalIPv4(raw) ? raw : formatIPv4(v4);
+        continue;
+      }
       const parsed = typeof raw === "string" ? parseIP(raw) : null;
-      if (!parsed) return { field: path, message: fieldError(path, raw, ["must be a valid IP address"]) };
+      if (!parsed) return fail(`.addresses[${j}]`, raw, ["must be a valid IP address"]);
       if (parsed.family !== this.family) {
-        return { field: path, message: fieldError(path, raw, [`must be an ${this.family} address`]) };
+        return fail(`.addresses[${j}]`, raw, [`must be an ${this.family} address`]);
       }
       const errs = endpointIPErrors(raw, parsed.ip, this.family);
-      if (errs.length > 0) return { field: path, message: fieldError(path, raw, errs) };
+      if (errs.length > 0) return fail(`.addresses[${j}]`, raw, errs);
+      if (j === 0) first = parsed.ip;
     }
-    const checks: [string, unknown, (v: string) => string[]][] = [];
-    if (ep.nodeName !== undefined && ep.nodeName !== null) {
-      checks.push([`${at}.nodeName`, ep.nodeName, isDNS1123Subdomain]);
+    let errs = this.#nameErrors(ep.nodeName, isDNS1123Subdomain, false);
+    if (errs) return fail(".nodeName", ep.nodeName, errs);
+    if ((errs = this.#nameErrors(ep.zone, isLabelValue, false))) return fail(".zone", ep.zone, errs);
+    if ((errs = this.#nameErrors(ep.hostname, isDNS1123Label, false))) {
+      return fail(".hostname", ep.hostname, errs);
     }
-    if (ep.zone !== undefined && ep.zone !== null) checks.push([`${at}.zone`, ep.zone, isLabelValue]);
-    if (ep.hostname !== undefined && ep.hostname !== null) {
-      checks.push([`${at}.hostname`, ep.hostname, isDNS1123Label]);
+    const zones = ep.hints?.forZones ?? [];
+    for (let k = 0; k < zones.length; k++) {
+      if ((errs = this.#nameErrors(zones[k]?.name, isLabelValue, true))) {
+        return fail(`.hints.forZones[${k}].name`, zones[k]?.name, errs);
+      }
     }
-    for (const [k, z] of (ep.hints?.forZones ?? []).entries()) {
-      checks.push([`${at}.hints.forZones[${k}].name`, z?.name, isLabelValue]);
+    const nodes = ep.hints?.forNodes ?? [];
+    for (let k = 0; k < nodes.length; k++) {
+      if ((errs = this.#nameErrors(nodes[k]?.name, isDNS1123Subdomain, true))) {
+        return fail(`.hints.forNodes[${k}].name`, nodes[k]?.name, errs);
+      }
     }
-    for (const [k, n] of (ep.hints?.forNodes ?? []).entries()) {
-      checks.push([`${at}.hints.forNodes[${k}].name`, n?.name, isDNS1123Subdomain]);
-    }
-    for (const [path, value, check] of checks) {
-      const errs = typeof value === "string" ? check(value) : ["must be a string"];
-      if (errs.length > 0) return { field: path, message: fieldError(path, value, errs) };
-    }
+    return { ip: first };
+  }
+
+  /**
+   * A name field's errors under `check`, or null when it is absent (unless `required`) or valid. Names that
+   * passed are remembered per check (node names and zones repeat across every slice of a cluster).
+   */
+  #nameErrors(value: unknown, check: (v: string) => string[], required: boolean): readonly string[] | null {
+    if (!required && (value === undefined || value === null)) return null;
+    if (typeof value !== "string") return ["must be a string"];
+    let good = this.#goodNames.get(check);
+    if (good?.has(value)) return null;
+    const errs = check(value);
+    if (errs.length > 0) return errs;
+    if (!good) this.#goodNames.set(check, good = new Set());
+    if (good.size >= GOOD_NAMES_LIMIT) good.clear();
+    good.add(value);
     return null;
   }
 
@@ -450,13 +485,12 @@ export class EndpointSliceCache {
         });
         continue;
       }
-      const problem = this.#endpointProblem(ep, i);
+      // `ip`: canonical text of an address checked to be of this family (upstream's ParseIPSloppy().String()).
+      const { ip, problem } = this.#checkEndpoint(ep, i);
       if (problem) {
         this.#invalid(slice, `Ignoring invalid endpoint: ${problem.message}`, problem.field);
         continue;
       }
-      // Canonical text of an address already checked to be of this family (upstream's ParseIPSloppy().String()).
-      const ip = parseIP(raw)!.ip;
       const c = ep.conditions ?? {};
       const zoneHints = ep.hints?.forZones?.length ? ep.hints.forZones.map((z) => z.name).sort() : null;
       const nodeHints = ep.hints?.forNodes?.length ? ep.hints.forNodes.map((n) => n.name).sort() : null;

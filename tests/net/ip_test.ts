@@ -1,6 +1,17 @@
 /** lib/net/ip.ts: the one IP/CIDR module of the agent (validation, ranges, host:port). */
 import assert from "node:assert/strict";
-import { cidrContains, ipValue, isIP, isIPv4, isIPv6, isLoopback, splitHostPort } from "../../lib/net/ip.ts";
+import fc from "fast-check";
+import {
+  cidrContains,
+  ipv4Number,
+  ipValue,
+  isIP,
+  isIPv4,
+  isIPv6,
+  isLoopback,
+  parseIP,
+  splitHostPort,
+} from "../../lib/net/ip.ts";
 import { familyNodeIP } from "../../lib/net/node_addresses.ts";
 
 Deno.test("isIPv4/isIPv6/isIP accept Go's sloppy forms; an IPv4-mapped address is IPv4", () => {
@@ -44,4 +55,29 @@ Deno.test("familyNodeIP(): a specific bindAddress of the family wins, a wildcard
   assert.equal(familyNodeIP("IPv4", "0.0.0.0", ["10.0.0.1"]), "10.0.0.1");
   assert.equal(familyNodeIP("IPv6", "192.168.9.9", ["10.0.0.1", "fd00::1"]), "fd00::1");
   assert.equal(familyNodeIP("IPv6", "::", ["10.0.0.1"]), null);
+});
+
+/** Go's sloppy dotted quad, spelled out: four dot-separated runs of 1-3 digits, each at most 255. */
+function referenceIPv4(s: string): string | null {
+  const parts = s.split(".");
+  if (parts.length !== 4 || !parts.every((p) => /^[0-9]{1,3}$/.test(p) && Number(p) <= 255)) return null;
+  return parts.map(Number).join(".");
+}
+
+Deno.test("parseIP() on dotted-quad text agrees with the spelled-out rule (canonical text without leading zeros)", () => {
+  const quadish = fc.stringMatching(/^[0-9.]{0,17}$/);
+  const octet = fc.oneof(
+    fc.integer({ min: 0, max: 300 }).map(String),
+    fc.stringMatching(/^0{1,2}[0-9]{1,2}$/),
+  );
+  const quad = fc.tuple(octet, octet, octet, octet).map((o) => o.join("."));
+  fc.assert(
+    fc.property(fc.oneof(quadish, quad), (s) => {
+      const want = referenceIPv4(s);
+      const got = parseIP(s);
+      assert.deepEqual(got, want === null ? null : { ip: want, family: "IPv4" }, s);
+      assert.equal(ipv4Number(s), want === null ? null : Number(ipValue(want)!.value), s);
+    }),
+    { seed: 20261206, numRuns: 5000 },
+  );
 });
