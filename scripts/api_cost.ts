@@ -9,6 +9,9 @@
  * ```sh
  * deno run -A scripts/api_cost.ts --services 10000 --endpoints 10 --agents 10 \
  *   --kinds ours,ours-watchlist,upstream --churn 20 --duration 60
+ * # first full sync beside upstream: 5 rounds on one load, the kinds' order reversed every other round
+ * deno run -A scripts/api_cost.ts --services 10000 --agents 1 --kinds ours,upstream --churn 2 --duration 5 \
+ *   --rounds 5
  * # the steady state: every kind at once, an hour of churn, requests counted per 10 minutes
  * deno run -A scripts/api_cost.ts --services 2000 --agents 3 --kinds ours,upstream --together \
  *   --churn 2 --duration 3600 --window 600
@@ -62,6 +65,8 @@ export interface ApiCostOptions {
   timeout: number;
   /** Concurrent creates while loading. */
   concurrency: number;
+  /** Starts of every kind on the one loaded API server, the kinds' order reversed every other round. */
+  rounds: number;
   verbose: boolean;
 }
 
@@ -71,6 +76,8 @@ export type Verbs = Record<string, number>;
 /** What one kind measured. */
 export interface KindResult {
   kind: AgentKind;
+  /** The round (see {@linkcode ApiCostOptions.rounds}) this result is of. */
+  round: number;
   agents: number;
   /** Agents started at once, this kind's and the others' with `together` (the API server figures are theirs). */
   agentsTogether: number;
@@ -351,10 +358,17 @@ async function runWith(
   const gen = new Map<number, number>();
   let seq = 0;
   // Each group starts at once and shares one churn: one kind per group, or every kind (--together).
-  const groups = o.together ? [o.kinds] : o.kinds.map((k) => [k]);
-  for (const group of groups) {
+  // With several rounds the kinds' order is reversed every other round, on the same loaded API server.
+  const groups: { round: number; kinds: AgentKind[] }[] = [];
+  for (let round = 0; round < o.rounds; round++) {
+    const kinds = round % 2 === 0 ? o.kinds : [...o.kinds].reverse();
+    if (o.together) groups.push({ round, kinds });
+    else for (const k of kinds) groups.push({ round, kinds: [k] });
+  }
+  for (const { round, kinds: group } of groups) {
     const rs = group.map((kind): KindResult => ({
       kind,
+      round,
       agents: o.agents,
       agentsTogether: o.agents * group.length,
       firstSyncS: [],
@@ -377,7 +391,11 @@ async function runWith(
     results.push(...rs);
     /** Every agent of the group: its kind, index within the kind, result and API user. */
     const agents = group.flatMap((kind, g) =>
-      Array.from({ length: o.agents }, (_, i) => ({ kind, i, r: rs[g], user: `${kind}-${i}` }))
+      Array.from({ length: o.agents }, (_, i) => {
+        const user = `${kind}-${i}`;
+        // Its files: one set per round (the wrapper's restore log and marker, the agent's log).
+        return { kind, i, r: rs[g], user, files: `${work}/${round > 0 ? `${user}-r${round}` : user}` };
+      })
     );
     const n = agents.length;
     /** Figures of the API server as a whole, shared by the group's kinds. */
@@ -392,7 +410,7 @@ async function runWith(
         nss.push(ns);
         await sh("ip", ["-n", ns, "link", "set", "lo", "up"]);
         await api.attach(ns);
-        logs.push(`${work}/${a.user}.restores`);
+        logs.push(`${a.files}.restores`);
       }
       const kubeconfigs = await Promise.all(
         agents.map((a) => api.writeKubeconfig({ token: api.tokens.get(a.user) })),
@@ -426,7 +444,7 @@ async function runWith(
         );
       }
       procs.forEach((p, j) => {
-        const f = Deno.openSync(`${work}/${agents[j].user}.log`, {
+        const f = Deno.openSync(`${agents[j].files}.log`, {
           write: true,
           create: true,
           truncate: true,
@@ -443,7 +461,7 @@ async function runWith(
           if (synced[j] !== null) continue;
           if (exitCodes[j] !== null) {
             // An agent that exited before its first sync will not sync: say why instead of waiting it out.
-            const tail = (await Deno.readTextFile(`${work}/${agents[j].user}.log`).catch(() => ""))
+            const tail = (await Deno.readTextFile(`${agents[j].files}.log`).catch(() => ""))
               .split("\n").slice(-15).join("\n");
             throw new Error(
               `${agents[j].user} exited (code ${exitCodes[j]}) before its first sync:\n${tail}`,
@@ -537,8 +555,9 @@ async function runWith(
       const audit = await readAudit(`${work}/audit.log`);
       const windowMs = o.window * 1000;
       for (let j = 0; j < n; j++) {
-        const { r, i, user } = agents[j];
-        const mine = audit.filter((e) => e.user === user);
+        const { r, i, user, files } = agents[j];
+        // Agents of earlier rounds used the same users.
+        const mine = audit.filter((e) => e.user === user && e.t >= tStart);
         r.startBytes.push(rx1[j] - rx0[j]);
         r.churnBytes.push(rx2[j] - rx1[j]);
         r.startRequests.push(countVerbs(mine.filter((e) => e.t < tChurn)));
@@ -552,7 +571,7 @@ async function runWith(
         );
         if (i === 0) r.sampleURIs = mine.slice(0, 12).map((e) => `${e.verb} ${e.uri}`);
         if (synced[j] === null) {
-          r.errors.push(`${user}: ${(await Deno.readTextFile(`${work}/${user}.log`)).slice(-1500)}`);
+          r.errors.push(`${user}: ${(await Deno.readTextFile(`${files}.log`)).slice(-1500)}`);
         }
       }
     } finally {
@@ -682,6 +701,46 @@ export function table(o: ApiCostOptions, rs: KindResult[]): string {
   return lines.join("\n");
 }
 
+/** First full sync of every kind per round (median over a round's agents), and the median over rounds. */
+export function roundsTable(rs: KindResult[]): string {
+  const kinds = [...new Set(rs.map((r) => r.kind))];
+  const up = kinds.includes("upstream") ? "upstream" : null;
+  const others = kinds.filter((k) => k !== up);
+  const sync = (r: KindResult | undefined) =>
+    r ? median(r.firstSyncS.filter((x): x is number => x !== null)) : null;
+  const lines = [
+    `| round (order) | ${kinds.join(" | ")} |${up ? others.map((k) => ` ${k} / upstream |`).join("") : ""}`,
+    `|---|${kinds.map(() => "---|").join("")}${up ? others.map(() => "---|").join("") : ""}`,
+  ];
+  const ratios = new Map<AgentKind, number[]>(others.map((k) => [k, []]));
+  const byKind = new Map<AgentKind, number[]>(kinds.map((k) => [k, []]));
+  for (const round of [...new Set(rs.map((r) => r.round))]) {
+    const of = rs.filter((r) => r.round === round);
+    const v = new Map(kinds.map((k) => [k, sync(of.find((r) => r.kind === k))]));
+    for (const [k, x] of v) if (x !== null) byKind.get(k)!.push(x);
+    const u = up ? v.get(up) : null;
+    const cells = up
+      ? others.map((k) => {
+        const x = v.get(k);
+        if (x === null || x === undefined || !u) return " - |";
+        ratios.get(k)!.push(x / u);
+        return ` ${(x / u).toFixed(2)} |`;
+      }).join("")
+      : "";
+    lines.push(
+      `| ${round} (${of.map((r) => r.kind).join(", ")}) | ${
+        kinds.map((k) => f1(v.get(k) ?? null)).join(" | ")
+      } |${cells}`,
+    );
+  }
+  lines.push(
+    `| median | ${kinds.map((k) => f2(median(byKind.get(k)!))).join(" | ")} |${
+      up ? others.map((k) => ` ${f2(median(ratios.get(k)!))} |`).join("") : ""
+    }`,
+  );
+  return `first full sync (s) per round\n\n${lines.join("\n")}`;
+}
+
 /** The mean over agents of each window's requests. */
 function perWindow(vs: number[][]): string[] {
   if (vs.length === 0) return [];
@@ -709,6 +768,7 @@ if (import.meta.main) {
       settle: { type: "string", default: "5" },
       timeout: { type: "string", default: "600" },
       concurrency: { type: "string", default: "16" },
+      rounds: { type: "string", default: "1" },
       verbose: { type: "boolean", default: false },
       json: { type: "boolean", default: false },
     },
@@ -725,11 +785,13 @@ if (import.meta.main) {
     settle: Number(values.settle),
     timeout: Number(values.timeout),
     concurrency: Number(values.concurrency),
+    rounds: Number(values.rounds),
     verbose: values.verbose,
   };
   for (const k of o.kinds) if (!KINDS.includes(k)) throw new Error(`unknown kind ${k}`);
   const rs = await runApiCost(o);
-  console.log(table(o, rs));
+  console.log(table(o, rs.filter((r) => r.round === 0)));
+  if (o.rounds > 1) console.log(`\n${roundsTable(rs)}`);
   for (const r of rs) {
     console.log(`\n${r.kind}: agent 0's requests:\n  ${r.sampleURIs.join("\n  ")}`);
     if (r.errors.length) console.log(`${r.kind} errors:\n${r.errors.join("\n").slice(0, 4000)}`);
