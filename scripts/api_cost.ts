@@ -701,14 +701,38 @@ export function table(o: ApiCostOptions, rs: KindResult[]): string {
   return lines.join("\n");
 }
 
-/** First full sync of every kind per round (median over a round's agents), and the median over rounds. */
+/**
+ * Per round, every kind's first full sync (median over the round's agents), API server CPU and peak RSS growth
+ * per agent start, with the ratios to upstream and their medians over the rounds (the API server's heap depends
+ * on which kind ran before it, so its figures are worth reading in both orders).
+ */
 export function roundsTable(rs: KindResult[]): string {
+  const sync = (r: KindResult) => median(r.firstSyncS.filter((x): x is number => x !== null));
+  return [
+    perRound(rs, "first full sync (s)", sync, f1),
+    perRound(rs, "API server CPU per agent start (s)", (r) => r.apiCpuStartS / r.agentsTogether, f2),
+    perRound(
+      rs,
+      "API server peak RSS growth per agent start (MiB)",
+      (r) => (r.apiRssPeakMiB - r.apiRssBeforeMiB) / r.agentsTogether,
+      f2,
+    ),
+  ].join("\n\n");
+}
+
+/** One figure of {@linkcode roundsTable}: a row per round, then the medians. */
+function perRound(
+  rs: KindResult[],
+  title: string,
+  get: (r: KindResult) => number | null,
+  fmt: (v: number | null) => string,
+): string {
   const kinds = [...new Set(rs.map((r) => r.kind))];
   const up = kinds.includes("upstream") ? "upstream" : null;
   const others = kinds.filter((k) => k !== up);
-  const sync = (r: KindResult | undefined) =>
-    r ? median(r.firstSyncS.filter((x): x is number => x !== null)) : null;
   const lines = [
+    `${title} per round`,
+    "",
     `| round (order) | ${kinds.join(" | ")} |${up ? others.map((k) => ` ${k} / upstream |`).join("") : ""}`,
     `|---|${kinds.map(() => "---|").join("")}${up ? others.map(() => "---|").join("") : ""}`,
   ];
@@ -716,7 +740,10 @@ export function roundsTable(rs: KindResult[]): string {
   const byKind = new Map<AgentKind, number[]>(kinds.map((k) => [k, []]));
   for (const round of [...new Set(rs.map((r) => r.round))]) {
     const of = rs.filter((r) => r.round === round);
-    const v = new Map(kinds.map((k) => [k, sync(of.find((r) => r.kind === k))]));
+    const v = new Map(kinds.map((k) => {
+      const r = of.find((x) => x.kind === k);
+      return [k, r ? get(r) : null];
+    }));
     for (const [k, x] of v) if (x !== null) byKind.get(k)!.push(x);
     const u = up ? v.get(up) : null;
     const cells = up
@@ -729,7 +756,7 @@ export function roundsTable(rs: KindResult[]): string {
       : "";
     lines.push(
       `| ${round} (${of.map((r) => r.kind).join(", ")}) | ${
-        kinds.map((k) => f1(v.get(k) ?? null)).join(" | ")
+        kinds.map((k) => fmt(v.get(k) ?? null)).join(" | ")
       } |${cells}`,
     );
   }
@@ -738,7 +765,7 @@ export function roundsTable(rs: KindResult[]): string {
       up ? others.map((k) => ` ${f2(median(ratios.get(k)!))} |`).join("") : ""
     }`,
   );
-  return `first full sync (s) per round\n\n${lines.join("\n")}`;
+  return lines.join("\n");
 }
 
 /** The mean over agents of each window's requests. */
