@@ -3,7 +3,7 @@
  * still sees a connection the kernel established meanwhile (issue 20's restart-step timeout).
  */
 import assert from "node:assert/strict";
-import { NetnsRunner, netnsUnavailableReason, withNetns } from "../../testkit/netns.ts";
+import { type NetnsRunner, netnsUnavailableReason, withNetns } from "../../testkit/netns.ts";
 import { privilegedTest } from "../../testkit/privileged.ts";
 import { Probe, STARVED_MS } from "../../testkit/probe.ts";
 import { eventually, sleep } from "../packets/helpers.ts";
