@@ -232,7 +232,7 @@ export class EndpointSliceCache {
   readonly #slices = new Map<string, SliceInfo | Map<string, SliceInfo>>();
   readonly #strings = new Interner();
   readonly #ports = new Map<string, readonly SlicePort[]>();
-  /** Per validation function: names that passed it (see #nameProblem). */
+  /** Per validation function: names that passed it (see #nameErrors). */
   readonly #goodNames = new Map<(v: string) => string[], Set<string>>();
 
   /**
