@@ -4,9 +4,10 @@
  * the caller's `Accept` asked for it and the server answered in it (./protobuf.ts).
  *
  * TLS goes through `Deno.createHttpClient` (CA, client certificate and key). `insecure-skip-tls-verify` has
- * no equivalent there, so that case alone uses node:https with verification off (a warning is logged); it
- * is given an explicit empty CA list, without which Deno's node:https asks for a `sys` permission that
- * cannot be granted by name. An exec credential plugin's token or client certificate is fetched before
+ * no equivalent there, so that case alone uses node:https with verification off (a warning is logged;
+ * ./node_fetch.ts). A watch that asks for compression (the reflector's watch-list streams, which
+ * kube-apiserver v1.37 gzips one member per flush) goes through node:http(s) too, whose bodies arrive
+ * undecoded, and is inflated member by member; Deno's fetch would end it at the first member. An exec credential plugin's token or client certificate is fetched before
  * each request (cached by the plugin runner until it expires); a new client certificate replaces the
  * connection pool, and a 401 re-runs the plugin once, as client-go. Transport failures are rethrown as
  * {@link ApiConnectionError}s that name the cause (./net_errors.ts).
@@ -23,6 +24,7 @@ import { type LoadOptions, loadRestConfig, redactURL, type RestConfig } from "./
 import { TokenBucket } from "./rate_limiter.ts";
 import type { ExecCredentials } from "./exec_credential.ts";
 import { connectionError } from "./net_errors.ts";
+import { type Fetcher, gunzipStream, GzipDecodeError, nodeFetcher } from "./node_fetch.ts";
 import { ListDecodeError, ListDecoder } from "./list_decoder.ts";
 import {
   hostLabel,
@@ -102,22 +104,32 @@ export interface RequestOptions {
 export interface WatchOptions {
   /** Abort when no byte arrives for this long (ms); 0/undefined: never. */
   inactivityMs?: number;
-  /** Called once the server has accepted the watch (status < 400), before the first event. */
-  onOpen?: () => void;
   /**
-   * Extra request headers: the reflector's watch-list asks for `Accept-Encoding: identity`, and an `Accept` that
-   * prefers protobuf where `lib/kube/protobuf.ts` decodes the kind (the body is decoded by its Content-Type).
+   * Called once the server has accepted the watch (status < 400), before the first event, with the body's
+   * Content-Encoding (`identity` when none).
+   */
+  onOpen?: (opened: { encoding: string }) => void;
+  /**
+   * Ask for a gzip-compressed stream and inflate it as it arrives (kube-apiserver v1.37 compresses watch-list
+   * streams, one gzip member per flush; a plain watch is never compressed). The request goes through
+   * node:http(s) (./node_fetch.ts), which needs the server's CA in the configuration and no proxy; without
+   * them the stream is asked uncompressed (`Accept-Encoding: identity`), since Deno's fetch would end it at the
+   * first member.
+   */
+  compressed?: boolean;
+  /**
+   * Extra request headers, e.g. an `Accept` that prefers protobuf where `lib/kube/protobuf.ts` decodes the kind (the body is decoded by its Content-Type).
    */
   headers?: Record<string, string>;
 }
-
-type Fetcher = (url: string, init: RequestInit & { signal?: AbortSignal }) => Promise<Response>;
 
 /** A connection pool for one client identity (certificate and key). */
 interface Transport {
   /** Identifies the client certificate and key it was built with. */
   key: string;
   fetch: Fetcher;
+  /** A fetch whose bodies are not decoded (node:http(s)), where the configuration allows one. */
+  rawFetch?: Fetcher;
   close(): void;
 }
 
@@ -186,6 +198,11 @@ export class KubeClient {
   private readonly requestTimeoutMs: number;
   private readonly accept: string;
   private closed = false;
+  /**
+   * Whether a watch can be read compressed ({@link WatchOptions.compressed}): node:http(s) has no proxy
+   * support here, and verifies only against a CA given in the configuration.
+   */
+  readonly readsCompressedWatches: boolean;
 
   constructor(readonly config: RestConfig, opts: KubeClientOptions = {}) {
     this.server = config.server;
@@ -194,6 +211,8 @@ export class KubeClient {
     this.userAgent = opts.userAgent ?? defaultUserAgent();
     this.requestTimeoutMs = opts.requestTimeoutMs ?? 60_000;
     this.accept = "application/json";
+    this.readsCompressedWatches = !config.proxyUrl &&
+      (config.server.startsWith("http:") || config.insecure === true || config.caPem !== undefined);
     if (opts.accept && !opts.accept.includes("json")) {
       log.warn("Only JSON responses are supported; ignoring acceptContentTypes", {
         acceptContentTypes: opts.accept,
@@ -216,7 +235,8 @@ export class KubeClient {
     const old = this.transport;
     const c = this.config;
     if (c.server.startsWith("https:") && c.insecure) {
-      this.transport = { key, fetch: insecureFetcher(certPem, keyPem), close() {} };
+      const f = nodeFetcher({ insecure: true, certPem, keyPem });
+      this.transport = { key, fetch: f, rawFetch: f, close() {} };
     } else {
       const o: Deno.CreateHttpClientOptions & { cert?: string; key?: string } = {};
       if (c.caPem) o.caCerts = [c.caPem];
@@ -229,6 +249,7 @@ export class KubeClient {
       this.transport = {
         key,
         fetch: (url, init) => fetch(url, { ...init, client }),
+        rawFetch: this.readsCompressedWatches ? nodeFetcher({ caPem: c.caPem, certPem, keyPem }) : undefined,
         close: () => client.close(),
       };
     }
@@ -274,6 +295,7 @@ export class KubeClient {
     contentType: string | undefined,
     signal: AbortSignal | undefined,
     extraHeaders?: Record<string, string>,
+    raw = false,
   ): Promise<Response> {
     if (this.closed) throw new Error("KubeClient is closed");
     const exec = this.config.exec;
@@ -286,7 +308,8 @@ export class KubeClient {
         creds,
       );
       try {
-        return await t.fetch(url, { method, headers, body, signal });
+        const f = raw && t.rawFetch ? t.rawFetch : t.fetch;
+        return await f(url, { method, headers, body, signal });
       } catch (e) {
         restClientRequestsTotal.inc({ code: "<error>", method, host: this.host });
         if (signal?.aborted) throw e;
@@ -489,6 +512,10 @@ export class KubeClient {
       arm();
       let res: Response;
       const url = buildUrl(this.server, path, { ...query, watch: "true" });
+      const compressed = opts.compressed === true && this.readsCompressedWatches;
+      const encodingHeader: Record<string, string> = opts.compressed === undefined
+        ? {}
+        : { "Accept-Encoding": compressed ? "gzip" : "identity" };
       try {
         res = await this.send(
           "GET",
@@ -496,7 +523,8 @@ export class KubeClient {
           undefined,
           undefined,
           ctl.signal,
-          opts.headers,
+          { ...opts.headers, ...encodingHeader },
+          compressed,
         );
       } catch (e) {
         if (inactive) throw new WatchInactivityError(inactivityMs);
@@ -506,9 +534,12 @@ export class KubeClient {
         const text = await res.text();
         throw errorFrom(res.status, text, "WATCH", path);
       }
-      opts.onOpen?.();
+      const encoding = res.headers.get("content-encoding") ?? "identity";
+      opts.onOpen?.({ encoding });
       if (!res.body) return;
-      reader = res.body.getReader();
+      // Only the raw path can see an encoding: Deno's fetch decodes (and drops the header) itself.
+      reader = (compressed && encoding === "gzip" ? res.body.pipeThrough(gunzipStream()) : res.body)
+        .getReader();
       // The server answers in the first type of `Accept` it can serve (see WatchOptions.headers).
       const protobuf = (res.headers.get("content-type") ?? "").startsWith(PROTOBUF_MEDIA_TYPE);
       try {
@@ -516,6 +547,7 @@ export class KubeClient {
       } catch (e) {
         if (inactive) throw new WatchInactivityError(inactivityMs);
         if (signal?.aborted || e instanceof WatchDecodeError) throw e;
+        if (e instanceof GzipDecodeError) throw new WatchDecodeError(`(gzip) ${e.message}`, e);
         // The stream broke mid-way (connection reset, server gone): name the cause.
         throw connectionError(e, "WATCH", url);
       }
@@ -687,52 +719,6 @@ function proxyOption(raw: string): Deno.Proxy {
   u.username = "";
   u.password = "";
   return { transport, url: u.href.replace(/\/$/, ""), ...(basicAuth ? { basicAuth } : {}) };
-}
-
-function insecureFetcher(certPem?: string, keyPem?: string): Fetcher {
-  return async (url, init) => {
-    const https = await import("node:https");
-    const headers: Record<string, string> = {};
-    new Headers(init.headers).forEach((v, k) => headers[k] = v);
-    return await new Promise<Response>((resolve, reject) => {
-      const req = https.request(url, {
-        method: init.method ?? "GET",
-        headers,
-        rejectUnauthorized: false,
-        // An explicit (empty) CA list: otherwise Deno's node:https loads the system roots, which needs
-        // `--allow-sys` without a name list (there is no `sys` name for it).
-        ca: [],
-        cert: certPem,
-        key: keyPem,
-        signal: init.signal ?? undefined,
-      }, (res) => {
-        const body = new ReadableStream<Uint8Array>({
-          start(c) {
-            res.on("data", (d: Uint8Array) => c.enqueue(new Uint8Array(d)));
-            res.on("end", () => {
-              try {
-                c.close();
-              } catch { /* cancelled */ }
-            });
-            res.on("error", (e: Error) => {
-              try {
-                c.error(e);
-              } catch { /* cancelled */ }
-            });
-          },
-          cancel() {
-            res.destroy();
-          },
-        });
-        const h = new Headers();
-        for (const [k, v] of Object.entries(res.headers)) if (typeof v === "string") h.set(k, v);
-        resolve(new Response(body, { status: res.statusCode ?? 500, headers: h }));
-      });
-      req.on("error", reject);
-      if (typeof init.body === "string") req.write(init.body);
-      req.end();
-    });
-  };
 }
 
 /** Loads the configuration ({@link loadRestConfig}) and returns a client; throws KubeConfigError. */

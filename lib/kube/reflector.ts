@@ -239,7 +239,17 @@ export class Reflector<T extends KubeObject> {
   /** resourceVersion of the last list, event or bookmark. */
   lastResourceVersion = "";
   /** Counters, for tests and metrics. */
-  readonly counts = { lists: 0, watches: 0, watchLists: 0, events: 0, bookmarks: 0, errors: 0, resyncs: 0 };
+  readonly counts = {
+    lists: 0,
+    watches: 0,
+    watchLists: 0,
+    /** Watch-list streams the server answered gzip-compressed. */
+    gzipWatchLists: 0,
+    events: 0,
+    bookmarks: 0,
+    errors: 0,
+    resyncs: 0,
+  };
   private readonly log: Logger;
   private readonly backoff: Backoff;
   private readonly clock: ReflectorClock;
@@ -537,8 +547,8 @@ export class Reflector<T extends KubeObject> {
   private openWatch(
     query: Query,
     signal: AbortSignal,
-    onOpen: () => void,
-    headers?: Record<string, string>,
+    onOpen: (opened: { encoding: string }) => void,
+    compressed?: boolean,
   ): AsyncGenerator<WatchEvent<T>> {
     this.counts.watches++;
     const min = this.opts.minWatchTimeoutSeconds ?? 300;
@@ -552,7 +562,8 @@ export class Reflector<T extends KubeObject> {
       {
         inactivityMs,
         onOpen,
-        headers: this.opts.watchAccept ? { Accept: this.opts.watchAccept, ...headers } : headers,
+        headers: this.opts.watchAccept ? { Accept: this.opts.watchAccept } : undefined,
+        compressed,
       },
     );
   }
@@ -579,11 +590,13 @@ export class Reflector<T extends KubeObject> {
           resourceVersionMatch: "NotOlderThan",
         },
         signal,
-        () => opened = true,
-        // kube-apiserver v1.37 gzips a watch-list stream (WatchListCompression) as one gzip member per flush;
-        // Deno's fetch ends the body at the first member's end when the next has not arrived yet, so the
-        // stream is asked for uncompressed.
-        { "Accept-Encoding": "identity" },
+        ({ encoding }) => {
+          opened = true;
+          if (encoding === "gzip") this.counts.gzipWatchLists++;
+        },
+        // kube-apiserver v1.37 gzips a watch-list stream (WatchListCompression), as client-go asks; the client
+        // reads it compressed where its configuration allows (see KubeClient.readsCompressedWatches).
+        true,
       );
       let endRv: string | undefined;
       try {
