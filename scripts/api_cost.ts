@@ -12,6 +12,9 @@
  * # first full sync beside upstream: 5 rounds on one load, the kinds' order reversed every other round
  * deno run -A scripts/api_cost.ts --services 10000 --agents 1 --kinds ours,upstream --churn 2 --duration 5 \
  *   --rounds 5
+ * # the same with kube-apiserver restarted (same etcd) before every group: peak RSS growth from a fresh heap
+ * deno run -A scripts/api_cost.ts --services 10000 --agents 5 --kinds ours,ours-watchlist,upstream \
+ *   --churn 2 --duration 5 --rounds 2 --fresh-apiserver
  * # the steady state: every kind at once, an hour of churn, requests counted per 10 minutes
  * deno run -A scripts/api_cost.ts --services 2000 --agents 3 --kinds ours,upstream --together \
  *   --churn 2 --duration 3600 --window 600
@@ -67,6 +70,12 @@ export interface ApiCostOptions {
   concurrency: number;
   /** Starts of every kind on the one loaded API server, the kinds' order reversed every other round. */
   rounds: number;
+  /**
+   * Restart kube-apiserver (same etcd, so the load stays) before every group: each group's peak RSS growth is
+   * then measured from the heap of a server that has only built its watch cache, not from what the previous
+   * group's requests left in Go's heap.
+   */
+  freshApiServer: boolean;
   verbose: boolean;
 }
 
@@ -303,6 +312,23 @@ export async function runApiCost(o: ApiCostOptions): Promise<KindResult[]> {
   return results;
 }
 
+/**
+ * Waits until the API server's watch caches of Services and EndpointSlices hold the load: a list at
+ * resourceVersion=0 is answered from the watch cache once it is ready; a label selector that matches nothing
+ * keeps the answers empty, so the wait leaves no list behind in the server's heap.
+ */
+async function watchCachesReady(api: KubeApiServer, services: number): Promise<void> {
+  for (const path of ["/api/v1/services", "/apis/discovery.k8s.io/v1/endpointslices"]) {
+    await api.request("GET", `${path}?resourceVersion=0&limit=1&labelSelector=apicost-none%3Dx`);
+  }
+  // The count from etcd (a consistent read of one page with its remaining count) says the load is all there.
+  const r = await api.request("GET", `/api/v1/namespaces/${NS}/services?limit=1`) as {
+    metadata?: { remainingItemCount?: number };
+  };
+  const n = 1 + (r.metadata?.remainingItemCount ?? 0);
+  if (n < services) throw new Error(`after the restart ${n} Services, expected ${services}`);
+}
+
 async function runWith(
   api: KubeApiServer,
   o: ApiCostOptions,
@@ -310,7 +336,7 @@ async function runWith(
   wrapDir: string,
   results: KindResult[],
 ): Promise<void> {
-  const pid = await apiServerPid(api);
+  let pid = await apiServerPid(api);
   const client = Deno.createHttpClient({
     caCerts: [api.caPem],
     cert: await Deno.readTextFile(`${api.dir}/admin.crt`),
@@ -366,6 +392,15 @@ async function runWith(
     else for (const k of kinds) groups.push({ round, kinds: [k] });
   }
   for (const { round, kinds: group } of groups) {
+    if (o.freshApiServer) {
+      const awayMs = await api.restart();
+      pid = await apiServerPid(api);
+      await watchCachesReady(api, o.services);
+      log(
+        o.verbose,
+        `kube-apiserver restarted for round ${round} (${group.join(",")}), away ${awayMs.toFixed(0)} ms`,
+      );
+    }
     const rs = group.map((kind): KindResult => ({
       kind,
       round,
@@ -796,6 +831,7 @@ if (import.meta.main) {
       timeout: { type: "string", default: "600" },
       concurrency: { type: "string", default: "16" },
       rounds: { type: "string", default: "1" },
+      "fresh-apiserver": { type: "boolean", default: false },
       verbose: { type: "boolean", default: false },
       json: { type: "boolean", default: false },
     },
@@ -813,6 +849,7 @@ if (import.meta.main) {
     timeout: Number(values.timeout),
     concurrency: Number(values.concurrency),
     rounds: Number(values.rounds),
+    freshApiServer: values["fresh-apiserver"],
     verbose: values.verbose,
   };
   for (const k of o.kinds) if (!KINDS.includes(k)) throw new Error(`unknown kind ${k}`);
