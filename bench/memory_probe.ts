@@ -205,12 +205,29 @@ epInf.addEventHandler({
 listInto({ svcInf, epInf });
 step("informer caches + proxier trackers (pending changes, slice cache)");
 
+/** Resident set size and its high-water mark (VmRSS, VmHWM) in bytes. */
+function rssAndPeak(): { rss: number; hwm: number } {
+  const st = Deno.readTextFileSync("/proc/self/status");
+  const kb = (k: string) => Number(st.match(new RegExp(`${k}:\\s+(\\d+) kB`))?.[1] ?? 0) * 1024;
+  return { rss: kb("VmRSS"), hwm: kb("VmHWM") };
+}
+heap();
+// The high-water mark from here: what the first full sync adds at its peak (the batches it builds, the garbage
+// around them) over the RSS it started with.
+Deno.writeTextFileSync("/proc/self/clear_refs", "5");
+const beforeFull = rssAndPeak();
 proxier.start();
 let synced = dp.next();
 proxier.onServicesSynced();
 proxier.onEndpointSlicesSynced();
 let r = await synced;
+const peakFull = rssAndPeak().hwm;
 step(`first full sync (${mib(r.payloadBytes)} MiB payload, gen ${r.generateMs.toFixed(0)} ms)`);
+console.log(
+  `first full sync: rss before ${mib(beforeFull.rss)}, peak ${mib(peakFull)} MiB (+${
+    mib(peakFull - beforeFull.rss)
+  } at its peak)`,
+);
 
 // Partial syncs: K changed Services each, one endpoint replaced.
 const K = Number(Deno.args[2] ?? 80);

@@ -153,7 +153,15 @@ export class KernelModel {
    * (the snapshot's service ports), then the kernel's unwanted ones.
    */
   fullVirtualServerOps(portNames: Iterable<string>): string {
-    const parts: string[] = [];
+    return [...this.fullVirtualServerBlocks(portNames)].join("");
+  }
+
+  /**
+   * {@linkcode fullVirtualServerOps} one virtual server's lines at a time, each computed (and the model updated
+   * for it) only when the consumer asks for it, so that a full sync can stream the batch to `ipvsadm -R` instead
+   * of holding it whole (6.5 MB at 10k Services × 10). Empty blocks are skipped.
+   */
+  *fullVirtualServerBlocks(portNames: Iterable<string>): Generator<string, void, undefined> {
     const seen = new Set<string>();
     for (const name of portNames) {
       const p = this.wanted.ports.get(name);
@@ -161,13 +169,15 @@ export class KernelModel {
       for (const w of p.vs) {
         if (seen.has(w.key)) continue;
         seen.add(w.key);
-        parts.push(this.diffVS(w.key));
+        const ops = this.diffVS(w.key);
+        if (ops !== "") yield ops;
       }
     }
     for (const key of [...this.virtualServers.keys()]) {
-      if (!seen.has(key)) parts.push(this.diffVS(key));
+      if (seen.has(key)) continue;
+      const ops = this.diffVS(key);
+      if (ops !== "") yield ops;
     }
-    return parts.join("");
   }
 
   // ---- ipsets ----

@@ -631,3 +631,26 @@ Deno.test("two Services on one externalIP:port share its virtual server; removin
   assert.match(inputs(r, "ipvsadm", "-R")[0], /^-D -t 50\.60\.70\.81:80$/m);
   dp.stop();
 });
+
+Deno.test("a full sync streams its ipvsadm batch in chunks, the same text a sync that keeps its batches writes", async () => {
+  const forms: string[] = [];
+  const run = async (keepLastBatches: boolean) => {
+    const r = kernelRunner(fakeKernel());
+    const tryRun = r.tryRun.bind(r);
+    r.tryRun = (spec) => {
+      if (spec.cmd === "ipvsadm" && spec.args[0] === "-R") forms.push(typeof spec.stdin);
+      return tryRun(spec);
+    };
+    const { dp } = ipvsDataplane(r, { keepLastBatches });
+    const res = await dp.sync(
+      snapshot([svcNP([{ ip: "10.180.0.1" }, { ip: "10.180.0.2" }])], { nodeIPs: NODE }),
+    );
+    return { text: inputs(r, "ipvsadm", "-R").join(""), bytes: res.payloadBytes };
+  };
+  const streamed = await run(false);
+  const kept = await run(true);
+  assert.deepEqual(forms, ["object", "string"], "an iterable of chunks, then the kept string");
+  assert.match(streamed.text, /^-a -t 10\.20\.30\.41:80 -r 10\.180\.0\.2:80 -m -w 1$/m);
+  assert.equal(streamed.text, kept.text);
+  assert.equal(streamed.bytes, kept.bytes);
+});
