@@ -1,6 +1,6 @@
 /**
- * The agent and upstream kube-proxy v1.35.4 in ipvs mode, end to end on a real IPVS kernel, one after the
- * other in the same VM run (issue 11 must-show). Runs inside the IPVS VM:
+ * The agent and upstream kube-proxy (the test kit's release, v1.37.2) in ipvs mode, end to end on a real IPVS
+ * kernel, one after the other in the same VM run (issue 11 must-show). Runs inside the IPVS VM:
  *
  * ```sh
  * IPVS_VM_MEM=4096 IPVS_VM_TIMEOUT=5400 bash scripts/ipvs_vm.sh run \

@@ -7,9 +7,10 @@
  * no equivalent there, so that case alone uses node:https with verification off (a warning is logged;
  * ./node_fetch.ts). A watch that asks for compression (the reflector's watch-list streams, which
  * kube-apiserver v1.37 gzips one member per flush) goes through node:http(s) too, whose bodies arrive
- * undecoded, and is inflated member by member; Deno's fetch would end it at the first member. An exec credential plugin's token or client certificate is fetched before
- * each request (cached by the plugin runner until it expires); a new client certificate replaces the
- * connection pool, and a 401 re-runs the plugin once, as client-go. Transport failures are rethrown as
+ * undecoded, and is inflated member by member; Deno's fetch would end it at the first member. An exec
+ * credential plugin's token or client certificate is fetched before each request (cached by the plugin runner
+ * until it expires); a new client certificate replaces the connection pool, and a 401 re-runs the plugin once,
+ * as client-go. Transport failures are rethrown as
  * {@link ApiConnectionError}s that name the cause (./net_errors.ts).
  * Non-watch requests pass a qps/burst token bucket (`clientConnection.qps`/`burst`, default 5/10).
  * Requests are measured as client-go measures them (./client_metrics.ts): every response's code, and for
@@ -118,7 +119,8 @@ export interface WatchOptions {
    */
   compressed?: boolean;
   /**
-   * Extra request headers, e.g. an `Accept` that prefers protobuf where `lib/kube/protobuf.ts` decodes the kind (the body is decoded by its Content-Type).
+   * Extra request headers, e.g. an `Accept` that prefers protobuf where `lib/kube/protobuf.ts` decodes the kind
+   * (the body is decoded by its Content-Type).
    */
   headers?: Record<string, string>;
 }
