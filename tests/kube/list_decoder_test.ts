@@ -1,5 +1,6 @@
 /** The streaming list decoder: items handed over as they complete, whatever the chunking; metadata after. */
 import assert from "node:assert/strict";
+import fc from "fast-check";
 import { ListDecodeError, ListDecoder } from "../../lib/kube/list_decoder.ts";
 
 const enc = new TextEncoder();
@@ -69,4 +70,39 @@ Deno.test("list decoder: truncated or malformed bodies are errors, not partial l
   assert.throws(() => decode(`{"items":[{"a":1,}]}`, (b) => [b]), ListDecodeError);
   assert.throws(() => decode(`{"items":[1,2]}`, (b) => [b]), /must be objects/);
   assert.throws(() => decode(`<html>nope</html>`, (b) => [b]), ListDecodeError);
+});
+
+Deno.test("list decoder: any JSON objects as items, cut anywhere, decode as JSON.parse of the whole (property)", () => {
+  // Strings of every kind (escapes, quotes, brackets, non-ASCII) at every depth, items and metadata in both
+  // orders, the body cut at random places: what comes out is what JSON.parse of the whole body gives.
+  const obj = fc.dictionary(fc.string({ unit: "binary" }), fc.jsonValue({ maxDepth: 4 }), { maxKeys: 6 });
+  fc.assert(
+    fc.property(
+      fc.array(obj, { maxLength: 8 }),
+      obj,
+      fc.boolean(),
+      fc.array(fc.nat(), { maxLength: 12 }),
+      (items, metadata, itemsFirst, cuts) => {
+        const text = itemsFirst
+          ? `{"items":${JSON.stringify(items)},"metadata":${JSON.stringify(metadata)}}`
+          : JSON.stringify({ metadata, items });
+        const whole = JSON.parse(text);
+        const bytes = enc.encode(text);
+        const at = [...new Set(cuts.map((c) => c % (bytes.length + 1)))].sort((a, b) => a - b);
+        const { items: got, rest } = decode(text, (b) => {
+          const parts: Uint8Array[] = [];
+          let from = 0;
+          for (const c of at) {
+            parts.push(b.subarray(from, c));
+            from = c;
+          }
+          parts.push(b.subarray(from));
+          return parts;
+        });
+        assert.deepEqual(got, whole.items);
+        assert.deepEqual(rest, { ...whole, items: [] });
+      },
+    ),
+    { seed: 20261206, numRuns: 500 },
+  );
 });
