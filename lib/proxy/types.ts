@@ -109,7 +109,11 @@ export interface NodeState {
 /** Everything one sync of one IP family renders. */
 export interface ProxySnapshot {
   readonly family: IPFamily;
-  /** Keyed by `ServicePortInfo.nameString`. */
+  /**
+   * Keyed by `ServicePortInfo.nameString`. The proxier brings this Map up to date in place for the next sync:
+   * read it during the sync it is handed to, and copy what must outlive that sync (the states themselves are
+   * never changed).
+   */
   readonly servicePorts: ReadonlyMap<string, ServicePortState>;
   /**
    * `namespace/name` of the Services whose spec or endpoints changed since the last successful sync.

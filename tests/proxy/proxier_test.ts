@@ -98,21 +98,69 @@ Deno.test("Proxier sends partial snapshots naming only the changed Services, cac
   proxier.onEndpointSlicesSynced();
   proxier.start();
   await clock.advance(0);
-  const first = dp.last;
+  // The states, not the Map: the proxier updates the snapshot's port map in place for the next sync.
+  const firstA = dp.last.servicePorts.get("ns/a:p80");
+  const firstB = dp.last.servicePorts.get("ns/b:p80");
   proxier.onEndpointSliceUpdate(null, slice("ns", "a", "a1", [{ addresses: ["10.0.0.2"] }]));
   await clock.advance(1000);
   assert.equal(dp.snapshots.length, 2);
   assert.deepEqual([...dp.last.changedServices!], ["ns/a"]);
-  assert.equal(
-    dp.last.servicePorts.get("ns/b:p80"),
-    first.servicePorts.get("ns/b:p80"),
-    "unchanged state reused",
-  );
-  assert.notEqual(dp.last.servicePorts.get("ns/a:p80"), first.servicePorts.get("ns/a:p80"));
+  assert.equal(dp.last.servicePorts.get("ns/b:p80"), firstB, "unchanged state reused");
+  assert.notEqual(dp.last.servicePorts.get("ns/a:p80"), firstA);
   proxier.onServiceDelete(service("ns", "b"));
   await clock.advance(1000);
   assert.deepEqual([...dp.last.changedServices!], ["ns/b"]);
   assert.equal(dp.last.servicePorts.has("ns/b:p80"), false);
+  await proxier.stop();
+});
+
+Deno.test("Proxier keeps the snapshot's port map and endpoint count up to date in place across syncs", async () => {
+  const { clock, dp, proxier } = setup();
+  const twoPorts = {
+    ports: [{ name: "p80", port: 80, protocol: "TCP" as const }, {
+      name: "p81",
+      port: 81,
+      protocol: "TCP" as const,
+    }],
+  };
+  proxier.onServiceAdd(service("ns", "a"));
+  proxier.onServiceAdd(service("ns", "b", { clusterIP: "172.30.1.2", clusterIPs: ["172.30.1.2"] }));
+  proxier.onServiceAdd(service("ns", "c", { clusterIP: "172.30.1.3", clusterIPs: ["172.30.1.3"] }));
+  proxier.onEndpointSliceAdd(
+    slice("ns", "a", "a1", [{ addresses: ["10.0.0.1"] }, { addresses: ["10.0.0.2"] }]),
+  );
+  proxier.onEndpointSliceAdd(slice("ns", "b", "b1", [{ addresses: ["10.0.1.1"] }]));
+  proxier.onServicesSynced();
+  proxier.onEndpointSlicesSynced();
+  proxier.start();
+  await clock.advance(0);
+  const map = dp.last.servicePorts;
+  assert.deepEqual([...map.keys()], ["ns/a:p80", "ns/b:p80", "ns/c:p80"]);
+  assert.equal(dp.last.totalEndpoints, 3);
+  const sumOfEndpoints = () => [...dp.last.servicePorts.values()].reduce((n, s) => n + s.endpoints.length, 0);
+
+  // A port added to b stays with b's others at the end of the map; c is deleted; a loses an endpoint.
+  proxier.onServiceUpdate(
+    null,
+    service("ns", "b", { clusterIP: "172.30.1.2", clusterIPs: ["172.30.1.2"], ...twoPorts }),
+  );
+  proxier.onServiceDelete(service("ns", "c", { clusterIP: "172.30.1.3", clusterIPs: ["172.30.1.3"] }));
+  proxier.onEndpointSliceUpdate(null, slice("ns", "a", "a1", [{ addresses: ["10.0.0.1"] }]));
+  await clock.advance(1000);
+  assert.equal(dp.snapshots.length, 2);
+  assert.equal(dp.last.servicePorts, map, "the same Map, updated in place");
+  assert.deepEqual([...map.keys()], ["ns/a:p80", "ns/b:p80", "ns/b:p81"]);
+  assert.equal(map.get("ns/a:p80")!.endpoints.length, 1);
+  assert.equal(dp.last.totalEndpoints, 2);
+  assert.equal(dp.last.totalEndpoints, sumOfEndpoints());
+
+  // b loses the port again, c comes back (at the end, as a new Service).
+  proxier.onServiceUpdate(null, service("ns", "b", { clusterIP: "172.30.1.2", clusterIPs: ["172.30.1.2"] }));
+  proxier.onServiceAdd(service("ns", "c", { clusterIP: "172.30.1.3", clusterIPs: ["172.30.1.3"] }));
+  await clock.advance(1000);
+  assert.deepEqual([...dp.last.servicePorts.keys()], ["ns/a:p80", "ns/b:p80", "ns/c:p80"]);
+  assert.equal(dp.last.totalEndpoints, sumOfEndpoints());
+  assert.equal(dp.last.totalEndpoints, 2);
   await proxier.stop();
 });
 
