@@ -1,12 +1,11 @@
 /**
- * What the explainers of the three modes share: the packet's context, the shape of an explanation, finding the
- * service port a packet is for, and notes about endpoint selection.
+ * The shape of an explanation, finding the Service port a packet is for, and notes about endpoint selection
+ * (the model's facts explain adds to the tracer's path).
  * @module
  */
-import type { ProxyOptions } from "../config/command.ts";
-import type { LocalTraffic } from "../dataplane/local_traffic.ts";
-import { cidrContains, type IPFamily, isLoopback } from "../net/ip.ts";
+import { type IPFamily, isLoopback } from "../net/ip.ts";
 import type { EndpointInfo, Protocol, ProxySnapshot, ServicePortState } from "../proxy/types.ts";
+import type { SplitPath } from "./explain_path.ts";
 
 /** Where a packet enters the node. */
 export type PacketOrigin = "pod" | "node" | "outside";
@@ -14,25 +13,21 @@ export type PacketOrigin = "pod" | "node" | "outside";
 /** How the packet reaches a service port. */
 export type AccessKind = "clusterIP" | "externalIP" | "loadBalancer" | "nodePort";
 
-/** One step of the path, with the rule objects (chains, maps, sets, virtual servers) it names. */
-export interface Step {
-  readonly text: string;
-  readonly names: readonly string[];
-}
-
 /** An endpoint the packet can reach. */
 export interface EndpointChoice {
   readonly endpoint: string;
   readonly ip: string;
-  /** The endpoint's node (`""` when the slice does not say). */
+  /** The endpoint's node (`""` when the slice does not say or the endpoint is not in the model). */
   readonly nodeName: string;
   readonly local: boolean;
   /** Chance for a new connection, or null when the scheduler decides otherwise than uniformly. */
   readonly probability: number | null;
   /** The chain or real server it goes through. */
   readonly via: string;
-  /** The packet's source is this endpoint: it is masqueraded when it lands here (hairpin). */
+  /** The packet's source is this endpoint (hairpin). */
   readonly hairpin: boolean;
+  /** The tracer's answer for this endpoint: the packet leaves masqueraded. */
+  readonly masqueraded: boolean;
 }
 
 /** The outcome. */
@@ -50,45 +45,18 @@ export interface Explanation {
   readonly access: AccessKind | null;
   /** `ClusterIP 10.96.0.10:80/TCP`. */
   readonly address: string | null;
-  readonly steps: readonly Step[];
+  /** The rules the packet matches, as the tracer walked them. */
+  readonly path: SplitPath;
   readonly verdict: { readonly kind: VerdictKind; readonly reason: string };
   readonly endpoints: readonly EndpointChoice[];
   /** Null when the packet is not DNATed. */
   readonly masquerade: { readonly masqueraded: boolean; readonly reason: string } | null;
   readonly affinity: string | null;
   readonly notes: readonly string[];
-  /** Names cited in the steps that the rendered rules do not contain (a bug when not empty). */
-  readonly unknownNames: readonly string[];
-}
-
-/** What every mode's explainer gets. */
-export interface ExplainContext {
-  readonly opts: ProxyOptions;
-  readonly snapshot: ProxySnapshot;
-  readonly family: IPFamily;
-  readonly src: string;
-  readonly dst: string;
-  readonly port: number;
-  readonly protocol: Protocol;
-  readonly proto: string;
-  readonly from: PacketOrigin;
-  readonly inInterface: string;
-  /** The node's addresses of this family (primary first), without loopback. */
-  readonly nodeIPs: readonly string[];
-  /** How local traffic is told apart in this family. */
-  readonly localTraffic: LocalTraffic;
-  /** The packet counts as local (pod) traffic; null when the family has no local-traffic detection. */
-  readonly isLocalTraffic: boolean | null;
-  /** Why {@linkcode isLocalTraffic} is what it is, in words. */
-  readonly localWhy: string;
-}
-
-/** What a mode's explainer returns (explainPacket adds the packet and origin). */
-export type ModeExplanation = Omit<Explanation, "mode" | "family" | "packet" | "origin" | "unknownNames">;
-
-/** Is `ip` an address of this node (a node IP or loopback)? */
-export function isNodeAddress(ctx: ExplainContext, ip: string): boolean {
-  return isLoopback(ip) || ctx.nodeIPs.includes(ip);
+  /** What the tracer could not know and assumed. */
+  readonly assumptions: readonly string[];
+  /** The chains, sets and maps the path touches (compared with the kernel's by `explain --live`). */
+  readonly objects: readonly string[];
 }
 
 /** The `host:port` text of an address. */
@@ -109,40 +77,28 @@ export function describeMatch(st: ServicePortState, access: AccessKind, dst: str
 }
 
 /**
- * The service port a packet is for, in the order the rules look: every port's ClusterIP, externalIPs and
- * LoadBalancer IPs (in the rules' order), then NodePorts on the addresses `acceptsNodePort` allows.
+ * The service port a packet is for, by the Services' addresses alone (which Service owns the address; whether a
+ * rule takes the packet is the tracer's answer): every port's ClusterIP, externalIPs and LoadBalancer IPs,
+ * then a NodePort on one of the node's addresses or loopback.
  */
 export function findServicePort(
-  ctx: ExplainContext,
-  acceptsNodePort: (dst: string) => boolean,
+  snapshot: ProxySnapshot,
+  packet: { readonly destination: string; readonly port: number; readonly protocol: Protocol },
+  nodeIPs: readonly string[],
 ): { st: ServicePortState; access: AccessKind } | null {
-  for (const st of ctx.snapshot.servicePorts.values()) {
+  const dst = packet.destination;
+  for (const st of snapshot.servicePorts.values()) {
     const i = st.info;
-    if (i.protocol !== ctx.protocol || i.port !== ctx.port) continue;
-    if (i.clusterIP === ctx.dst) return { st, access: "clusterIP" };
-    if (i.externalIPs.includes(ctx.dst)) return { st, access: "externalIP" };
-    if (i.loadBalancerVIPs.includes(ctx.dst)) return { st, access: "loadBalancer" };
+    if (i.protocol !== packet.protocol || i.port !== packet.port) continue;
+    if (i.clusterIP === dst) return { st, access: "clusterIP" };
+    if (i.externalIPs.includes(dst)) return { st, access: "externalIP" };
+    if (i.loadBalancerVIPs.includes(dst)) return { st, access: "loadBalancer" };
   }
-  if (!acceptsNodePort(ctx.dst)) return null;
-  for (const st of ctx.snapshot.servicePorts.values()) {
-    if (st.info.protocol === ctx.protocol && st.info.nodePort === ctx.port) return { st, access: "nodePort" };
-  }
-  return null;
-}
-
-/** The share of each of `n` endpoints. */
-export function uniform(n: number): number {
-  return n > 0 ? 1 / n : 0;
-}
-
-/** The source is in a loadBalancerSourceRanges entry (or is a VIP the node may reach itself through). */
-export function sourceAllowed(st: ServicePortState, src: string, nodeIP: string | null): string | null {
-  const info = st.info;
-  const range = info.loadBalancerSourceRanges.find((c) => cidrContains(c, src));
-  if (range) return `it is in ${range}`;
-  const selfAllow = nodeIP !== null && info.loadBalancerSourceRanges.some((c) => cidrContains(c, nodeIP));
-  if (selfAllow && info.loadBalancerVIPs.includes(src)) {
-    return `it is a LoadBalancer IP of the Service and the node IP ${nodeIP} is in the source ranges`;
+  if (!isLoopback(dst) && !nodeIPs.includes(dst)) return null;
+  for (const st of snapshot.servicePorts.values()) {
+    if (st.info.protocol === packet.protocol && st.info.nodePort === packet.port) {
+      return { st, access: "nodePort" };
+    }
   }
   return null;
 }

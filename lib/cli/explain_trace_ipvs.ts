@@ -3,8 +3,8 @@
  * `-m set` matches answered from the ipsets and IPVS's choice of real server made from the virtual servers, as
  * a first sync writes them (the rendered `iptables-restore`, `ipset restore`, `ipvsadm -R` and `ip -batch`
  * input, which use the line forms `iptables-save`, `ipset save` and `ipvsadm -S -n` print). The outcome is
- * derived from those objects alone, so a rule or entry the mode gets wrong shows as a disagreement with
- * explain's narrative.
+ * derived from those objects alone: it is what explain prints (`explain_path.ts`), and the tests hold it to the
+ * Services' semantics, so a rule or entry the mode gets wrong fails there.
  * @module
  */
 import { DUMMY_INTERFACE, parseLocalAddresses } from "../dataplane/ipvs/addresses.ts";
@@ -14,6 +14,7 @@ import {
   keyAddress,
   parseIpvsadmSave,
   serviceKey,
+  serviceLine,
 } from "../dataplane/ipvs/ipvsadm.ts";
 import type { IptablesTables } from "../dataplane/iptables/model.ts";
 import {
@@ -136,6 +137,11 @@ export function ipvsHooks(o: IpvsObjects, protocol: TracePacket["protocol"]): Tr
     },
     balance: (dst, dport) =>
       ipvsPick(o.virtualServers.get(serviceKey(PROTOCOLS[protocol], dst, dport)), { addr: dst, port: dport }),
+    describe: (dst, dport) => {
+      const key = serviceKey(PROTOCOLS[protocol], dst, dport);
+      const vs = o.virtualServers.get(key);
+      return vs ? `IPVS virtual server ${serviceLine("-A", key, vs.def).trim()}` : `IPVS ${key}`;
+    },
   };
 }
 

@@ -5,8 +5,8 @@
  * input or forward; output for the node's own packet, then input when it is for the node; postrouting),
  * evaluating each rule's expressions: lookups in sets, maps and verdict maps (concatenations included),
  * `numgen` splits with their shares, marks, `fib ... type local`, conntrack state, DNAT and masquerade. The
- * outcome is derived from the table alone, so a rule or element the mode gets wrong shows as a disagreement
- * with explain's narrative.
+ * outcome is derived from the table alone: it is what explain prints (`explain_path.ts`), and the tests hold it
+ * to the Services' semantics, so a rule or element the mode gets wrong fails there.
  *
  * Like upstream's test tracer, it is deliberately not a general nft interpreter: it reads the expressions
  * kube-proxy's tables use, and says so in `assumptions` when it meets anything else.

@@ -261,7 +261,7 @@ async function explainLive(
 ): Promise<string> {
   if (opts.mode === "nftables") {
     const tx = sync.commands.find((c) => c.cmd === "nft" && c.family === packet.family)?.stdin ?? "";
-    const names = [...e.steps.flatMap((s) => s.names), ...e.endpoints.map((x) => x.via)];
+    const names = e.objects;
     const origin = resolveOrigin(packet, sync, opts);
     const cmp = await compareLiveNftables(
       runner,
@@ -274,7 +274,7 @@ async function explainLive(
     return formatLiveNftables(cmp, packet.family);
   }
   if (opts.mode === "ipvs") {
-    const names = e.steps.flatMap((s) => s.names);
+    const names = e.objects;
     const origin = resolveOrigin(packet, sync, opts);
     const cmp = await compareLiveIpvs(
       runner,

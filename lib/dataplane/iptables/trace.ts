@@ -48,6 +48,8 @@ export interface TraceHooks {
    * packet.
    */
   balance?(dst: string, dport: number): Balanced[] | "reject" | null;
+  /** The load balancer's own line for what took (or refused) the packet (`-A -t 10.96.0.1:443 -s rr`). */
+  describe?(dst: string, dport: number): string;
 }
 
 /** The packet's fields as an ipset lookup sees them. */
@@ -93,6 +95,11 @@ export interface Outcome<S> {
   readonly probability: number;
   /** The rules it matched, in order. */
   readonly steps: readonly S[];
+  /**
+   * The load balancer (IPVS) that took or refused the packet, after `steps[at - 1]`: its line for the virtual
+   * server; absent when none did.
+   */
+  readonly balancer?: { readonly at: number; readonly text: string };
 }
 
 /** Every outcome (probabilities add up to 1) and what the tracer had to assume. */
@@ -118,6 +125,7 @@ interface State {
   /** The virtual server the load balancer hook picked, if any. */
   vs: { addr: string; port: number } | null;
   steps: TraceStep[];
+  balancer?: { at: number; text: string };
 }
 
 /** How a walk through a chain ended: fell off or RETURNed (`continue`), or a terminal target. */
@@ -388,12 +396,20 @@ export function traceIptables(tables: IptablesTables, p: TracePacket, hooks: Tra
       const r = hooks.balance && st.dnat === null && isLocalOf(p, st.dst)
         ? hooks.balance(st.dst, st.dport)
         : null;
-      if (r === null) left.push(st);
-      else if (r === "reject" || r.length === 0) add(merged, "reject", st);
+      if (r === null) {
+        left.push(st);
+        continue;
+      }
+      const balancer = {
+        at: st.steps.length,
+        text: hooks.describe?.(st.dst, st.dport) ?? `load balancer for ${st.dst}:${st.dport}`,
+      };
+      if (r === "reject" || r.length === 0) add(merged, "reject", { ...st, balancer });
       else {
         for (const b of r) {
           taken.push({
             ...st,
+            balancer,
             prob: st.prob * b.share,
             dnat: b.endpoint,
             dst: b.dst,
@@ -445,6 +461,7 @@ export function traceIptables(tables: IptablesTables, p: TracePacket, hooks: Tra
     masqueraded: o.masq,
     probability: o.prob,
     steps: o.steps,
+    ...(o.balancer ? { balancer: o.balancer } : {}),
   }));
   outcomes.sort((a, b) =>
     b.probability - a.probability || String(a.endpoint).localeCompare(String(b.endpoint))
@@ -458,7 +475,14 @@ function isLocalOf(p: TracePacket, ip: string): boolean {
 
 type Merged = Map<
   string,
-  { verdict: TraceVerdict; endpoint: string | null; masq: boolean; prob: number; steps: TraceStep[] }
+  {
+    verdict: TraceVerdict;
+    endpoint: string | null;
+    masq: boolean;
+    prob: number;
+    steps: TraceStep[];
+    balancer?: { at: number; text: string };
+  }
 >;
 
 function add(
@@ -472,7 +496,7 @@ function add(
   const key = `${verdict}|${endpoint}|${masq}`;
   const o = merged.get(key);
   if (o) o.prob += prob;
-  else merged.set(key, { verdict, endpoint, masq, prob, steps: s.steps });
+  else merged.set(key, { verdict, endpoint, masq, prob, steps: s.steps, balancer: s.balancer });
 }
 
 /** A matched rule as one line: `nat KUBE-SVC-X #2: <rule as written>`. */
