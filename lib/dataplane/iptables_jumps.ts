@@ -6,6 +6,7 @@
  */
 
 import { ownString } from "../flat_string.ts";
+import { comment, insertLine, jump, type RuleArgs, words } from "./iptables_rule.ts";
 
 /** A jump from a built-in chain into one of ours (upstream `iptablesJumpChains`). */
 export interface JumpRule {
@@ -18,13 +19,9 @@ export interface JumpRule {
   readonly comment: string;
 }
 
-/** The rule text (without `-A/-I CHAIN`) of a jump. */
-export function jumpArgs(j: JumpRule): string {
-  const parts: string[] = [];
-  if (j.extra) parts.push(j.extra);
-  if (j.comment) parts.push(`-m comment --comment "${j.comment}"`);
-  parts.push(`-j ${j.to}`);
-  return parts.join(" ");
+/** The arguments of a jump rule. */
+function jumpRuleArgs(j: JumpRule): RuleArgs {
+  return [words(j.extra), j.comment ? comment(j.comment) : [], jump(j.to)];
 }
 
 /** True when an `iptables-save` rule line is this jump (as iptables-save prints it). */
@@ -89,7 +86,7 @@ export function missingJumpLines(saved: SavedTable, table: string, jumps: readon
   let out = "";
   for (const j of jumps) {
     if (j.table !== table || hasJump(saved, j)) continue;
-    out += `-I ${j.from} 1 ${jumpArgs(j)}\n`;
+    out += insertLine(j.from, 1, ...jumpRuleArgs(j));
   }
   return out;
 }

@@ -8,6 +8,7 @@
  * flushes the chains and deletes them, atomically per table. Missing tools and tables are not errors.
  * @module
  */
+import { chainLine, deleteChainLine } from "./iptables_rule.ts";
 import type { CommandRunner } from "../exec.ts";
 import type { Logger } from "../log.ts";
 
@@ -40,9 +41,9 @@ export function iptablesCleanupPayload(save: string, sel: IptablesLeftoverSelect
   const flush = () => {
     if (table && TABLES.has(table) && (chains.length || deletes.length)) {
       out += `*${table}\n`;
-      for (const c of chains) out += `:${c} - [0:0]\n`;
+      for (const c of chains) out += chainLine(c);
       for (const d of deletes) out += d + "\n";
-      for (const c of chains) out += `-X ${c}\n`;
+      for (const c of chains) out += deleteChainLine(c);
       out += "COMMIT\n";
     }
     chains = [];

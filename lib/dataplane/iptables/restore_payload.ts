@@ -15,10 +15,19 @@ import { renderChainRules, type RenderConfig, renderServicePort, type ServicePor
 import {
   filterHeadRules,
   filterTailRules,
+  KUBE_EXTERNAL_SERVICES,
+  KUBE_FIREWALL,
+  KUBE_FORWARD,
+  KUBE_MARK_MASQ,
+  KUBE_NODEPORTS,
+  KUBE_POSTROUTING,
   KUBE_PROXY_CANARY,
+  KUBE_PROXY_FIREWALL,
+  KUBE_SERVICES,
   natHeadRules,
   nodePortsTailRules,
 } from "./static_rules.ts";
+import { chainLine, deleteChainLine } from "../iptables_rule.ts";
 
 const decoder = new TextDecoder();
 
@@ -83,16 +92,18 @@ export function newPlan(
   inputs: StaticInputs,
 ): Plan {
   // Static parts (chain lines first: a rule may only jump to a declared chain).
-  let head = "*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n:KUBE-FORWARD - [0:0]\n" +
-    ":KUBE-NODEPORTS - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n";
+  let head = "*filter\n" +
+    [KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_PROXY_FIREWALL].map((c) =>
+      chainLine(c)
+    ).join("");
   const fHead = filterHeadRules(cfg);
-  if (fHead) head += ":KUBE-FIREWALL - [0:0]\n";
-  if (full) head += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
+  if (fHead) head += chainLine(KUBE_FIREWALL);
+  if (full) head += chainLine(KUBE_PROXY_CANARY);
   head += fHead;
   const fTail = filterTailRules(cfg, inputs.conntrackLiberal);
-  let natHead = "COMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n" +
-    ":KUBE-MARK-MASQ - [0:0]\n";
-  if (full) natHead += `:${KUBE_PROXY_CANARY} - [0:0]\n`;
+  let natHead = "COMMIT\n*nat\n" +
+    [KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ].map((c) => chainLine(c)).join("");
+  if (full) natHead += chainLine(KUBE_PROXY_CANARY);
   const nHead = natHeadRules(cfg, inputs.randomFully);
   const tail = nodePortsTailRules(cfg, inputs.nodePortsMatchAll, inputs.nodePortIPs);
   const countLines = (s: string) => {
@@ -111,7 +122,7 @@ export function newPlan(
     nHead,
     tail,
     jn: scan ? scan.missingJumps.nat : "",
-    mangle: full ? `*mangle\n:${KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n` : "",
+    mangle: full ? `*mangle\n${chainLine(KUBE_PROXY_CANARY)}COMMIT\n` : "",
     staticFilter: countLines(fHead) + countLines(fTail),
     staticNat: countLines(nHead) + countLines(tail),
     order: [],
@@ -245,14 +256,14 @@ function* emitNat(w: ChunkWriter, p: Plan): Generator<Uint8Array, void, undefine
   yield* w.text(p.fTail);
   yield* w.text(p.natHead);
   for (const b of p.written) {
-    for (const c of chainNames(b.chains)) yield* w.text(`:${c} - [0:0]\n`);
+    for (const c of chainNames(b.chains)) yield* w.text(chainLine(c));
   }
-  for (const c of p.deleted) yield* w.text(`:${c} - [0:0]\n`);
+  for (const c of p.deleted) yield* w.text(chainLine(c));
   yield* w.text(p.nHead);
   yield* w.text(p.dispatch);
   for (const b of p.written) yield* w.text(renderChainRules(b, p.cfg));
   yield* w.text(p.tail);
-  for (const c of p.deleted) yield* w.text(`-X ${c}\n`);
+  for (const c of p.deleted) yield* w.text(deleteChainLine(c));
   yield* w.text(p.jn);
   yield* w.text("COMMIT\n");
   yield* w.text(p.mangle);

@@ -25,9 +25,24 @@ import {
 import type { LocalTrafficDetector } from "./local_detector.ts";
 import { LOCALHOST_NODEPORTS_ACCEPTED } from "./nfacct.ts";
 import { cidrContains } from "../../net/ip.ts";
-import { isJumpLine, jumpArgs, type JumpRule } from "../iptables_jumps.ts";
+import { isJumpLine, type JumpRule } from "../iptables_jumps.ts";
 import { masqueradeMark } from "../masquerade.ts";
+import { args, comment, jump, protocol, ruleLine, words } from "../iptables_rule.ts";
+import {
+  KUBE_EXTERNAL_SERVICES,
+  KUBE_MARK_MASQ,
+  KUBE_NODEPORTS,
+  KUBE_PROXY_FIREWALL,
+  KUBE_SERVICES,
+} from "./static_rules.ts";
 import { flatString } from "../../flat_string.ts";
+
+// Fixed runs of arguments of the endpoint rules (the bulk of a payload), checked once.
+const NONE = args();
+const JUMP = args("-j");
+const RANDOM = args("-m", "statistic", "--mode", "random", "--probability");
+const RECENT_NAME = args("-m", "recent", "--name");
+const DNAT_TO = args("-j", "DNAT", "--to-destination");
 
 /** Above this many endpoints in total, rule comments on SVC/SVL/SEP chains are left out (upstream). */
 export const LARGE_CLUSTER_ENDPOINTS_THRESHOLD = 1000;
@@ -145,7 +160,7 @@ export function renderServicePort(
   const hash = samePort ? prev.chains.hash : servicePortHash(name, proto);
   const ch = chainsOfHash(hash);
   const seps = sepHashes(sel.allReachableEndpoints, name, proto, prev);
-  const pp = `-m ${proto} -p ${proto}`;
+  const pp = protocol(proto);
   const port = String(info.port);
 
   const plan = st.plan;
@@ -158,74 +173,93 @@ export function renderServicePort(
 
   // REJECT when the port has no endpoints at all, DROP when a Local policy finds none on this node.
   const target = (v: NoEndpointVerdict | null) => v === "reject" ? "REJECT" : "DROP";
-  const comment = (v: NoEndpointVerdict | null) =>
-    v === "reject" ? `"${name} has no endpoints"` : `"${name} has no local endpoints"`;
-  const intTarget = target(plan.internalVerdict), intComment = comment(plan.internalVerdict);
-  const extTarget = target(plan.externalVerdict), extComment = comment(plan.externalVerdict);
+  const noEndpoints = (v: NoEndpointVerdict | null) =>
+    comment(v === "reject" ? `${name} has no endpoints` : `${name} has no local endpoints`);
+  const intTarget = jump(target(plan.internalVerdict)), intComment = noEndpoints(plan.internalVerdict);
+  const extTarget = jump(target(plan.externalVerdict)), extComment = noEndpoints(plan.externalVerdict);
   const noLocalInternal = plan.internalVerdict === "drop";
   const noLocalExternal = plan.externalVerdict === "drop";
 
   let filter = "", dispatch = "";
   let nFilter = 0, nDispatch = 0;
+  const to = (ip: string) => ["-d", ip, "--dport", port];
 
   // ClusterIP.
   if (hasInternal) {
-    dispatch +=
-      `-A KUBE-SERVICES -m comment --comment "${name} cluster IP" ${pp} -d ${info.clusterIP} --dport ${port} -j ${internalChain}\n`;
+    dispatch += ruleLine(
+      KUBE_SERVICES,
+      comment(`${name} cluster IP`),
+      pp,
+      to(info.clusterIP),
+      jump(internalChain),
+    );
     nDispatch++;
   } else {
-    filter +=
-      `-A KUBE-SERVICES -m comment --comment ${intComment} ${pp} -d ${info.clusterIP} --dport ${port} -j ${intTarget}\n`;
+    filter += ruleLine(KUBE_SERVICES, intComment, pp, to(info.clusterIP), intTarget);
     nFilter++;
   }
   // External IPs.
   for (const ip of info.externalIPs) {
     if (hasEndpoints) {
-      dispatch +=
-        `-A KUBE-SERVICES -m comment --comment "${name} external IP" ${pp} -d ${ip} --dport ${port} -j ${ch.ext}\n`;
+      dispatch += ruleLine(KUBE_SERVICES, comment(`${name} external IP`), pp, to(ip), jump(ch.ext));
       nDispatch++;
     }
     if (!hasExternal) {
-      filter +=
-        `-A KUBE-EXTERNAL-SERVICES -m comment --comment ${extComment} ${pp} -d ${ip} --dport ${port} -j ${extTarget}\n`;
+      filter += ruleLine(KUBE_EXTERNAL_SERVICES, extComment, pp, to(ip), extTarget);
       nFilter++;
     }
   }
   // LoadBalancer VIPs.
   for (const ip of info.loadBalancerVIPs) {
     if (hasEndpoints) {
-      dispatch +=
-        `-A KUBE-SERVICES -m comment --comment "${name} loadbalancer IP" ${pp} -d ${ip} --dport ${port} -j ${lbChain}\n`;
+      dispatch += ruleLine(KUBE_SERVICES, comment(`${name} loadbalancer IP`), pp, to(ip), jump(lbChain));
       nDispatch++;
     }
     if (usesFW) {
-      filter +=
-        `-A KUBE-PROXY-FIREWALL -m comment --comment "${name} traffic not accepted by ${ch.fw}" ${pp} -d ${ip} --dport ${port} -j DROP\n`;
+      filter += ruleLine(
+        KUBE_PROXY_FIREWALL,
+        comment(`${name} traffic not accepted by ${ch.fw}`),
+        pp,
+        to(ip),
+        jump("DROP"),
+      );
       nFilter++;
     }
   }
   if (!hasExternal) {
     for (const ip of info.loadBalancerVIPs) {
-      filter +=
-        `-A KUBE-EXTERNAL-SERVICES -m comment --comment ${extComment} ${pp} -d ${ip} --dport ${port} -j ${extTarget}\n`;
+      filter += ruleLine(KUBE_EXTERNAL_SERVICES, extComment, pp, to(ip), extTarget);
       nFilter++;
     }
   }
   // NodePort, with upstream's nfacct-counted copy for loopback destinations first when the counter exists.
   if (info.nodePort !== 0) {
+    const nodePort = ["--dport", String(info.nodePort)];
     if (hasEndpoints && cfg.localhostNodePorts && cfg.family === "IPv4" && cfg.nfacctLocalhostNodePorts) {
-      dispatch +=
-        `-A KUBE-NODEPORTS -m comment --comment ${name} ${pp} -d 127.0.0.0/8 --dport ${info.nodePort} -m nfacct --nfacct-name ${LOCALHOST_NODEPORTS_ACCEPTED} -j ${ch.ext}\n`;
+      dispatch += ruleLine(
+        KUBE_NODEPORTS,
+        comment(name),
+        pp,
+        ["-d", "127.0.0.0/8"],
+        nodePort,
+        ["-m", "nfacct", "--nfacct-name", LOCALHOST_NODEPORTS_ACCEPTED],
+        jump(ch.ext),
+      );
       nDispatch++;
     }
     if (hasEndpoints) {
-      dispatch +=
-        `-A KUBE-NODEPORTS -m comment --comment ${name} ${pp} --dport ${info.nodePort} -j ${ch.ext}\n`;
+      dispatch += ruleLine(KUBE_NODEPORTS, comment(name), pp, nodePort, jump(ch.ext));
       nDispatch++;
     }
     if (!hasExternal) {
-      filter +=
-        `-A KUBE-EXTERNAL-SERVICES -m comment --comment ${extComment} -m addrtype --dst-type LOCAL ${pp} --dport ${info.nodePort} -j ${extTarget}\n`;
+      filter += ruleLine(
+        KUBE_EXTERNAL_SERVICES,
+        extComment,
+        ["-m", "addrtype", "--dst-type", "LOCAL"],
+        pp,
+        nodePort,
+        extTarget,
+      );
       nFilter++;
     }
   }
@@ -234,8 +268,13 @@ export function renderServicePort(
   // depend on the port being externally reachable yet: an eTP=Local LoadBalancer with
   // allocateLoadBalancerNodePorts:false and no VIP-mode ingress still needs its health check port open.
   if (info.healthCheckNodePort !== 0) {
-    filter +=
-      `-A KUBE-NODEPORTS -m comment --comment "${name} health check node port" -m tcp -p tcp --dport ${info.healthCheckNodePort} -j ACCEPT\n`;
+    filter += ruleLine(
+      KUBE_NODEPORTS,
+      comment(`${name} health check node port`),
+      protocol("tcp"),
+      ["--dport", String(info.healthCheckNodePort)],
+      jump("ACCEPT"),
+    );
     nFilter++;
   }
 
@@ -273,65 +312,77 @@ export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): st
   const name = info.nameString;
   const ch = chainsOfHash(block.chains.hash);
   const largeCluster = block.largeCluster;
-  const pp = `-m ${proto} -p ${proto}`;
+  const pp = protocol(proto);
   const reachable = sel.allReachableEndpoints;
   const extLocal = plan.externalPolicyLocal;
   const internalChain = plan.internalUsesLocalChain ? ch.svl : ch.svc;
   const externalPolicyChain = plan.externalUsesLocalChain ? ch.svl : ch.svc;
   const hasExternal = plan.hasExternalEndpoints;
+  const markMasq = jump(KUBE_MARK_MASQ);
   let rules = "";
   let nRules = 0;
 
   if (plan.hasInternalEndpoints) {
-    const args = `-m comment --comment "${name} cluster IP" ${pp} -d ${info.clusterIP} --dport ${info.port}`;
+    const args = [comment(`${name} cluster IP`), pp, ["-d", info.clusterIP, "--dport", String(info.port)]];
     if (cfg.masqueradeAll) {
-      rules += `-A ${internalChain} ${args} -j KUBE-MARK-MASQ\n`;
+      rules += ruleLine(internalChain, ...args, markMasq);
       nRules++;
     } else if (cfg.localDetector.isImplemented) {
-      rules += `-A ${internalChain} ${args} ${cfg.localDetector.ifNotLocal} -j KUBE-MARK-MASQ\n`;
+      rules += ruleLine(internalChain, ...args, words(cfg.localDetector.ifNotLocal), markMasq);
       nRules++;
     }
   }
 
   if (plan.usesExternalChain) {
     if (!extLocal) {
-      rules +=
-        `-A ${ch.ext} -m comment --comment "masquerade traffic for ${name} external destinations" -j KUBE-MARK-MASQ\n`;
+      rules += ruleLine(ch.ext, comment(`masquerade traffic for ${name} external destinations`), markMasq);
       nRules++;
     } else {
+      const fromLocal = ["-m", "addrtype", "--src-type", "LOCAL"];
       if (cfg.localDetector.isImplemented) {
-        rules +=
-          `-A ${ch.ext} -m comment --comment "pod traffic for ${name} external destinations" ${cfg.localDetector.ifLocal} -j ${ch.svc}\n`;
+        rules += ruleLine(
+          ch.ext,
+          comment(`pod traffic for ${name} external destinations`),
+          words(cfg.localDetector.ifLocal),
+          jump(ch.svc),
+        );
         nRules++;
       }
-      rules +=
-        `-A ${ch.ext} -m comment --comment "masquerade LOCAL traffic for ${name} external destinations" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ\n`;
-      rules +=
-        `-A ${ch.ext} -m comment --comment "route LOCAL traffic for ${name} external destinations" -m addrtype --src-type LOCAL -j ${ch.svc}\n`;
+      rules += ruleLine(
+        ch.ext,
+        comment(`masquerade LOCAL traffic for ${name} external destinations`),
+        fromLocal,
+        markMasq,
+      );
+      rules += ruleLine(
+        ch.ext,
+        comment(`route LOCAL traffic for ${name} external destinations`),
+        fromLocal,
+        jump(ch.svc),
+      );
       nRules += 2;
     }
     if (hasExternal) {
-      rules += `-A ${ch.ext} -j ${externalPolicyChain}\n`;
+      rules += ruleLine(ch.ext, jump(externalPolicyChain));
       nRules++;
     }
   }
 
   if (plan.usesFirewallChain) {
-    const head = `-A ${ch.fw} -m comment --comment "${name} loadbalancer IP"`;
+    const head = comment(`${name} loadbalancer IP`);
     let allowFromNode = false;
     for (const cidr of info.loadBalancerSourceRanges) {
-      rules += `${head} -s ${cidr} -j ${ch.ext}\n`;
+      rules += ruleLine(ch.fw, head, "-s", cidr, jump(ch.ext));
       nRules++;
       if (cfg.nodeIP !== null && cidrContains(cidr, cfg.nodeIP)) allowFromNode = true;
     }
     if (allowFromNode) {
       for (const ip of info.loadBalancerVIPs) {
-        rules += `${head} -s ${ip} -j ${ch.ext}\n`;
+        rules += ruleLine(ch.fw, head, "-s", ip, jump(ch.ext));
         nRules++;
       }
     }
-    rules +=
-      `-A ${ch.fw} -m comment --comment "other traffic to ${name} will be dropped by KUBE-PROXY-FIREWALL"\n`;
+    rules += ruleLine(ch.fw, comment(`other traffic to ${name} will be dropped by KUBE-PROXY-FIREWALL`));
     nRules++;
   }
 
@@ -353,20 +404,31 @@ export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): st
   const affinity = info.stickyMaxAgeSeconds > 0;
   const writeLB = (chain: string, eps: readonly EndpointInfo[]) => {
     const seps = sepOf(eps);
+    const epComment = (i: number) => largeCluster ? NONE : comment(`${name} -> ${eps[i].endpoint}`);
     if (affinity) {
+      const seconds = String(info.stickyMaxAgeSeconds);
       for (let i = 0; i < eps.length; i++) {
         const sep = seps[i];
-        const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${eps[i].endpoint}"`;
-        rules +=
-          `-A ${chain}${c} -m recent --name ${sep} --rcheck --seconds ${info.stickyMaxAgeSeconds} --reap -j ${sep}\n`;
+        rules += ruleLine(
+          chain,
+          epComment(i),
+          RECENT_NAME,
+          sep,
+          "--rcheck",
+          "--seconds",
+          seconds,
+          "--reap",
+          JUMP,
+          sep,
+        );
         nRules++;
       }
     }
     const n = eps.length;
     for (let i = 0; i < n; i++) {
-      const c = largeCluster ? "" : ` -m comment --comment "${name} -> ${eps[i].endpoint}"`;
-      const p = i < n - 1 ? ` -m statistic --mode random --probability ${probability(n - i)}` : "";
-      rules += `-A ${chain}${c}${p} -j ${seps[i]}\n`;
+      rules += i < n - 1
+        ? ruleLine(chain, epComment(i), RANDOM, probability(n - i), JUMP, seps[i])
+        : ruleLine(chain, epComment(i), JUMP, seps[i]);
       nRules++;
     }
   };
@@ -374,15 +436,14 @@ export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): st
   if (plan.usesClusterPolicyChain) writeLB(ch.svc, sel.clusterEndpoints ?? []);
   if (plan.usesLocalPolicyChain) writeLB(ch.svl, sel.localEndpoints ?? []);
 
-  const sepComment = largeCluster ? "" : ` -m comment --comment ${name}`;
-  const recent = affinity ? " -m recent --name " : "";
+  const sepComment = largeCluster ? NONE : comment(name);
   for (let i = 0; i < reachable.length; i++) {
     const ep = reachable[i];
     const sep = sepName(block.chains, i);
-    rules += `-A ${sep}${sepComment} -s ${ipOnly(ep)} -j KUBE-MARK-MASQ\n`;
-    rules += `-A ${sep}${sepComment}${
-      affinity ? recent + sep + " --set" : ""
-    } ${pp} -j DNAT --to-destination ${ep.endpoint}\n`;
+    rules += ruleLine(sep, sepComment, "-s", ipOnly(ep), markMasq);
+    rules += affinity
+      ? ruleLine(sep, sepComment, RECENT_NAME, sep, "--set", pp, DNAT_TO, ep.endpoint)
+      : ruleLine(sep, sepComment, pp, DNAT_TO, ep.endpoint);
     nRules += 2;
   }
   block.chainRuleCount = nRules;
@@ -390,4 +451,4 @@ export function renderChainRules(block: ServicePortBlock, cfg: RenderConfig): st
 }
 
 export type { JumpRule };
-export { isJumpLine, jumpArgs };
+export { isJumpLine };

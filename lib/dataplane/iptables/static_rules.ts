@@ -6,6 +6,7 @@
  */
 
 import type { JumpRule } from "../iptables_jumps.ts";
+import { comment, jump, ruleLine } from "../iptables_rule.ts";
 import { CT_STATE_INVALID_DROPPED } from "./nfacct.ts";
 import type { RenderConfig } from "./rules.ts";
 
@@ -31,34 +32,56 @@ export const KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY";
 /** Static filter rules written before the per-service rules (the localnet block rule). */
 export function filterHeadRules(cfg: RenderConfig): string {
   if (cfg.family !== "IPv4" || !cfg.localhostNodePorts) return "";
-  return `-A KUBE-FIREWALL -m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n`;
+  return ruleLine(
+    KUBE_FIREWALL,
+    comment("block incoming localnet connections"),
+    ["-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8"],
+    ["-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT"],
+    jump("DROP"),
+  );
 }
 
 /** Static filter rules written after the per-service rules (INVALID drop, KUBE-FORWARD accepts). */
 export function filterTailRules(cfg: RenderConfig, conntrackTCPLiberal: boolean): string {
   let s = "";
   if (!conntrackTCPLiberal) {
-    const count = cfg.nfacctInvalidDrop ? ` -m nfacct --nfacct-name ${CT_STATE_INVALID_DROPPED}` : "";
-    s += `-A KUBE-FORWARD -m conntrack --ctstate INVALID${count} -j DROP\n`;
+    const count = cfg.nfacctInvalidDrop ? ["-m", "nfacct", "--nfacct-name", CT_STATE_INVALID_DROPPED] : [];
+    s += ruleLine(KUBE_FORWARD, ["-m", "conntrack", "--ctstate", "INVALID"], count, jump("DROP"));
   }
-  s +=
-    `-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark ${cfg.mark}/${cfg.mark} -j ACCEPT\n`;
-  s +=
-    `-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n`;
+  s += ruleLine(
+    KUBE_FORWARD,
+    comment("kubernetes forwarding rules"),
+    ["-m", "mark", "--mark", `${cfg.mark}/${cfg.mark}`],
+    jump("ACCEPT"),
+  );
+  s += ruleLine(
+    KUBE_FORWARD,
+    comment("kubernetes forwarding conntrack rule"),
+    ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"],
+    jump("ACCEPT"),
+  );
   return s;
 }
 
 /** Static nat rules (KUBE-POSTROUTING, KUBE-MARK-MASQ). */
 export function natHeadRules(cfg: RenderConfig, randomFully: boolean): string {
-  return `-A KUBE-POSTROUTING -m mark ! --mark ${cfg.mark}/${cfg.mark} -j RETURN\n` +
-    `-A KUBE-POSTROUTING -j MARK --xor-mark ${cfg.mark}\n` +
-    `-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE${
-      randomFully ? " --random-fully" : ""
-    }\n` +
-    `-A KUBE-MARK-MASQ -j MARK --or-mark ${cfg.mark}\n`;
+  return ruleLine(
+    KUBE_POSTROUTING,
+    ["-m", "mark", "!", "--mark", `${cfg.mark}/${cfg.mark}`],
+    jump("RETURN"),
+  ) +
+    ruleLine(KUBE_POSTROUTING, jump("MARK", "--xor-mark", cfg.mark)) +
+    ruleLine(
+      KUBE_POSTROUTING,
+      comment("kubernetes service traffic requiring SNAT"),
+      randomFully ? jump("MASQUERADE", "--random-fully") : jump("MASQUERADE"),
+    ) +
+    ruleLine(KUBE_MARK_MASQ, jump("MARK", "--or-mark", cfg.mark));
 }
 
-const NODEPORTS_COMMENT = `"kubernetes service nodeports; NOTE: this must be the last rule in this chain"`;
+const NODEPORTS_COMMENT = comment(
+  "kubernetes service nodeports; NOTE: this must be the last rule in this chain",
+);
 
 /**
  * The final KUBE-SERVICES rule(s) jumping to KUBE-NODEPORTS: one addrtype LOCAL rule when nodePortAddresses
@@ -66,16 +89,16 @@ const NODEPORTS_COMMENT = `"kubernetes service nodeports; NOTE: this must be the
  */
 export function nodePortsTailRules(cfg: RenderConfig, matchAll: boolean, nodeIPs: readonly string[]): string {
   if (matchAll) {
-    let dest = "-m addrtype --dst-type LOCAL";
-    if (cfg.family === "IPv6") dest += " ! -d ::1/128";
-    else if (!cfg.localhostNodePorts) dest += " ! -d 127.0.0.0/8";
-    return `-A KUBE-SERVICES -m comment --comment ${NODEPORTS_COMMENT} ${dest} -j KUBE-NODEPORTS\n`;
+    const dest = ["-m", "addrtype", "--dst-type", "LOCAL"];
+    if (cfg.family === "IPv6") dest.push("!", "-d", "::1/128");
+    else if (!cfg.localhostNodePorts) dest.push("!", "-d", "127.0.0.0/8");
+    return ruleLine(KUBE_SERVICES, NODEPORTS_COMMENT, dest, jump(KUBE_NODEPORTS));
   }
   let s = "";
   for (const ip of nodeIPs) {
     const loop = cfg.family === "IPv6" ? ip === "::1" : ip.startsWith("127.");
     if (loop && (cfg.family === "IPv6" || !cfg.localhostNodePorts)) continue;
-    s += `-A KUBE-SERVICES -m comment --comment ${NODEPORTS_COMMENT} -d ${ip} -j KUBE-NODEPORTS\n`;
+    s += ruleLine(KUBE_SERVICES, NODEPORTS_COMMENT, ["-d", ip], jump(KUBE_NODEPORTS));
   }
   return s;
 }

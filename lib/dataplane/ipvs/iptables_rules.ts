@@ -7,6 +7,7 @@
  */
 import type { IPFamily } from "../../net/ip.ts";
 import type { JumpRule } from "../iptables_jumps.ts";
+import { chainLine, comment, jump, ruleLine, words } from "../iptables_rule.ts";
 import type { LocalTrafficDetector } from "../iptables_local_detector.ts";
 import { SET_BY_KEY, type SetKey, setName } from "./ipsets.ts";
 
@@ -205,7 +206,11 @@ export interface OutFilterEntry {
 
 /** The `-A KUBE-IPVS-OUT-FILTER` rule of one entry. */
 export function outFilterRule(e: OutFilterEntry): string {
-  return `-A KUBE-IPVS-OUT-FILTER -s ${e.ip} -m ipvs --vaddr ${e.ip} --vproto ${e.proto} --vport ${e.port} -j DROP\n`;
+  return ruleLine(
+    "KUBE-IPVS-OUT-FILTER",
+    ["-s", e.ip, "-m", "ipvs", "--vaddr", e.ip, "--vproto", e.proto, "--vport", String(e.port)],
+    jump("DROP"),
+  );
 }
 
 /**
@@ -220,59 +225,84 @@ export function renderIpvsIptables(
   jumps: { nat: string; filter: string } = { nat: "", filter: "" },
 ): string {
   const name = (k: SetKey) => setName(k, cfg.family);
-  const comment = (k: SetKey) => `"${SET_BY_KEY.get(k)!.comment}"`;
+  const setComment = (k: SetKey) => comment(SET_BY_KEY.get(k)!.comment);
+  const matchSet = (k: SetKey, dirs: string) => ["-m", "set", "--match-set", name(k), dirs];
+  const markMasq = jump("KUBE-MARK-MASQ");
   let nat = "", filter = "";
-  nat += `-A KUBE-SERVICES -s ${cfg.family === "IPv6" ? "::1/128" : "127.0.0.0/8"} -j RETURN\n`;
+  nat += ruleLine("KUBE-SERVICES", ["-s", cfg.family === "IPv6" ? "::1/128" : "127.0.0.0/8"], jump("RETURN"));
   for (const r of SET_RULES) {
     if (!nonEmpty(r.set)) continue;
-    const line = `-A ${r.from}${r.proto ? ` -p ${r.proto}` : ""} -m comment --comment ${comment(r.set)} ` +
-      `-m set --match-set ${name(r.set)} ${r.match} -j ${r.to}\n`;
+    const line = ruleLine(
+      r.from,
+      r.proto ? ["-p", r.proto] : [],
+      setComment(r.set),
+      matchSet(r.set, r.match),
+      jump(r.to),
+    );
     if (r.table === "nat") nat += line;
     else filter += line;
   }
   if (nonEmpty("KUBE-CLUSTER-IP")) {
-    const head = `-A KUBE-SERVICES -m comment --comment ${comment("KUBE-CLUSTER-IP")} -m set --match-set ${
-      name("KUBE-CLUSTER-IP")
-    }`;
-    if (cfg.masqueradeAll) nat += `${head} dst,dst -j KUBE-MARK-MASQ\n`;
-    else if (cfg.localDetector.isImplemented) {
-      nat += `${head} dst,dst ${cfg.localDetector.ifNotLocal} -j KUBE-MARK-MASQ\n`;
-    } else nat += `${head} src,dst -j KUBE-MARK-MASQ\n`;
+    const c = setComment("KUBE-CLUSTER-IP");
+    if (cfg.masqueradeAll) {
+      nat += ruleLine("KUBE-SERVICES", c, matchSet("KUBE-CLUSTER-IP", "dst,dst"), markMasq);
+    } else if (cfg.localDetector.isImplemented) {
+      nat += ruleLine(
+        "KUBE-SERVICES",
+        c,
+        matchSet("KUBE-CLUSTER-IP", "dst,dst"),
+        words(cfg.localDetector.ifNotLocal),
+        markMasq,
+      );
+    } else nat += ruleLine("KUBE-SERVICES", c, matchSet("KUBE-CLUSTER-IP", "src,dst"), markMasq);
   }
-  const externalIPRules = (head: string) => {
-    nat += `${head} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT\n`;
-    nat += `${head} -m addrtype --dst-type LOCAL -j ACCEPT\n`;
+  const externalIPRules = (k: SetKey) => {
+    const head = [setComment(k), matchSet(k, "dst,dst")];
+    nat += ruleLine(
+      "KUBE-SERVICES",
+      ...head,
+      ["-m", "physdev", "!", "--physdev-is-in", "-m", "addrtype", "!", "--src-type", "LOCAL"],
+      jump("ACCEPT"),
+    );
+    nat += ruleLine("KUBE-SERVICES", ...head, ["-m", "addrtype", "--dst-type", "LOCAL"], jump("ACCEPT"));
   };
   if (nonEmpty("KUBE-EXTERNAL-IP")) {
-    const head = `-A KUBE-SERVICES -m comment --comment ${comment("KUBE-EXTERNAL-IP")} -m set --match-set ${
-      name("KUBE-EXTERNAL-IP")
-    } dst,dst`;
-    nat += `${head} -j KUBE-MARK-MASQ\n`;
-    externalIPRules(head);
-  }
-  if (nonEmpty("KUBE-EXTERNAL-IP-LOCAL")) {
-    externalIPRules(
-      `-A KUBE-SERVICES -m comment --comment ${comment("KUBE-EXTERNAL-IP-LOCAL")} -m set --match-set ${
-        name("KUBE-EXTERNAL-IP-LOCAL")
-      } dst,dst`,
+    nat += ruleLine(
+      "KUBE-SERVICES",
+      setComment("KUBE-EXTERNAL-IP"),
+      matchSet("KUBE-EXTERNAL-IP", "dst,dst"),
+      markMasq,
     );
+    externalIPRules("KUBE-EXTERNAL-IP");
   }
-  nat += "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n";
-  nat += "-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ\n";
-  filter += "-A KUBE-SOURCE-RANGES-FIREWALL -j DROP\n";
+  if (nonEmpty("KUBE-EXTERNAL-IP-LOCAL")) externalIPRules("KUBE-EXTERNAL-IP-LOCAL");
+  nat += ruleLine("KUBE-SERVICES", ["-m", "addrtype", "--dst-type", "LOCAL"], jump("KUBE-NODE-PORT"));
+  nat += ruleLine("KUBE-LOAD-BALANCER", markMasq);
+  filter += ruleLine("KUBE-SOURCE-RANGES-FIREWALL", jump("DROP"));
   filter += outFilter;
   // acceptIPVSTraffic: must stay at the end of KUBE-SERVICES.
   for (const k of ["KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER"] as const) {
-    if (nonEmpty(k)) nat += `-A KUBE-SERVICES -m set --match-set ${name(k)} dst,dst -j ACCEPT\n`;
+    if (nonEmpty(k)) nat += ruleLine("KUBE-SERVICES", matchSet(k, "dst,dst"), jump("ACCEPT"));
   }
   const mark = `${cfg.mark}/${cfg.mark}`;
-  filter +=
-    `-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark ${mark} -j ACCEPT\n`;
-  filter +=
-    `-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n`;
-  filter += `-A KUBE-NODE-PORT -m comment --comment ${
-    comment("KUBE-HEALTH-CHECK-NODE-PORT")
-  } -m set --match-set ${name("KUBE-HEALTH-CHECK-NODE-PORT")} dst -j ACCEPT\n`;
+  filter += ruleLine(
+    "KUBE-FORWARD",
+    comment("kubernetes forwarding rules"),
+    ["-m", "mark", "--mark", mark],
+    jump("ACCEPT"),
+  );
+  filter += ruleLine(
+    "KUBE-FORWARD",
+    comment("kubernetes forwarding conntrack rule"),
+    ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"],
+    jump("ACCEPT"),
+  );
+  filter += ruleLine(
+    "KUBE-NODE-PORT",
+    setComment("KUBE-HEALTH-CHECK-NODE-PORT"),
+    matchSet("KUBE-HEALTH-CHECK-NODE-PORT", "dst"),
+    jump("ACCEPT"),
+  );
   for (
     const k of [
       "KUBE-LOAD-BALANCER",
@@ -281,18 +311,23 @@ export function renderIpvsIptables(
       "KUBE-EXTERNAL-IP-LOCAL",
     ] as const
   ) {
-    filter += `-A KUBE-IPVS-FILTER -m set --match-set ${name(k)} dst,dst -j RETURN\n`;
+    filter += ruleLine("KUBE-IPVS-FILTER", matchSet(k, "dst,dst"), jump("RETURN"));
   }
-  filter += `-A KUBE-IPVS-FILTER -m set --match-set ${name("KUBE-HEALTH-CHECK-NODE-PORT")} dst -j RETURN\n`;
-  filter += `-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set ${
-    name("KUBE-IPVS-IPS")
-  } dst -j REJECT\n`;
-  nat += `-A KUBE-POSTROUTING -m mark ! --mark ${mark} -j RETURN\n`;
-  nat += `-A KUBE-POSTROUTING -j MARK --xor-mark ${cfg.mark}\n`;
-  nat += `-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE${
-    cfg.randomFully ? " --random-fully" : ""
-  }\n`;
-  nat += `-A KUBE-MARK-MASQ -j MARK --or-mark ${cfg.mark}\n`;
-  return "*nat\n" + NAT_CHAINS.map((c) => `:${c} - [0:0]\n`).join("") + nat + jumps.nat + "COMMIT\n" +
-    "*filter\n" + FILTER_CHAINS.map((c) => `:${c} - [0:0]\n`).join("") + filter + jumps.filter + "COMMIT\n";
+  filter += ruleLine("KUBE-IPVS-FILTER", matchSet("KUBE-HEALTH-CHECK-NODE-PORT", "dst"), jump("RETURN"));
+  filter += ruleLine(
+    "KUBE-IPVS-FILTER",
+    ["-m", "conntrack", "--ctstate", "NEW"],
+    matchSet("KUBE-IPVS-IPS", "dst"),
+    jump("REJECT"),
+  );
+  nat += ruleLine("KUBE-POSTROUTING", ["-m", "mark", "!", "--mark", mark], jump("RETURN"));
+  nat += ruleLine("KUBE-POSTROUTING", jump("MARK", "--xor-mark", cfg.mark));
+  nat += ruleLine(
+    "KUBE-POSTROUTING",
+    comment("kubernetes service traffic requiring SNAT"),
+    cfg.randomFully ? jump("MASQUERADE", "--random-fully") : jump("MASQUERADE"),
+  );
+  nat += ruleLine("KUBE-MARK-MASQ", jump("MARK", "--or-mark", cfg.mark));
+  return "*nat\n" + NAT_CHAINS.map((c) => chainLine(c)).join("") + nat + jumps.nat + "COMMIT\n" +
+    "*filter\n" + FILTER_CHAINS.map((c) => chainLine(c)).join("") + filter + jumps.filter + "COMMIT\n";
 }
