@@ -11,7 +11,8 @@ import { sameRenderedState } from "../../proxy/state_equality.ts";
 import { ChunkWriter, collectChunks, type SectionCache } from "../payload.ts";
 import { chainNames, isServiceChainName, type PortChains, removedChainNames } from "./chain_names.ts";
 import type { ScanResult } from "./kernel_scan.ts";
-import { renderChainRules, type RenderConfig, renderServicePort, type ServicePortBlock } from "./rules.ts";
+import { renderChainRules } from "./chain_rules.ts";
+import { type RenderConfig, renderServicePort, type ServicePortBlock } from "./rules.ts";
 import {
   filterHeadRules,
   filterTailRules,
