@@ -12,7 +12,7 @@ import type { IptablesTables } from "../dataplane/iptables/model.ts";
 import type { IPFamily } from "../net/ip.ts";
 import type { FirstSync } from "./engine.ts";
 import { renderedIptables } from "./explain_trace.ts";
-import { renderedIpvs, traceIpvs } from "./explain_trace_ipvs.ts";
+import { type IpvsObjects, renderedIpvs, traceIpvs } from "./explain_trace_ipvs.ts";
 import { applyNftTransaction, type NftTable, traceNftables } from "./explain_trace_nftables.ts";
 import { traceIptables } from "../dataplane/iptables/trace.ts";
 
@@ -66,7 +66,16 @@ export function tracePath(
   packet: TracePacket,
   ipvsScheduler: string,
 ): ModePath {
-  const path = traceMode(mode, sync, family, packet, ipvsScheduler);
+  const path = mode === "nftables"
+    ? nftablesPath(
+      applyNftTransaction(
+        sync.commands.filter((c) => c.cmd === "nft" && c.family === family).map((c) => c.stdin).join("\n"),
+      ),
+      packet,
+    )
+    : mode === "ipvs"
+    ? ipvsPath(renderedIpvs(sync, family), packet, ipvsScheduler)
+    : iptablesPath(renderedIptables(sync, family), packet);
   // Shares equal up to rounding (1/3 as 0.5 of 2/3) sort by endpoint, so that equal ways list in one order.
   const outcomes = [...path.outcomes].sort((a, b) =>
     Math.abs(a.probability - b.probability) > 1e-9
@@ -76,28 +85,16 @@ export function tracePath(
   return { ...path, outcomes };
 }
 
-function traceMode(
-  mode: string,
-  sync: FirstSync,
-  family: IPFamily,
-  packet: TracePacket,
-  ipvsScheduler: string,
-): ModePath {
-  if (mode === "nftables") {
-    const tx = sync.commands.filter((c) => c.cmd === "nft" && c.family === family).map((c) => c.stdin);
-    return nftablesPath(applyNftTransaction(tx.join("\n")), packet);
-  }
-  if (mode === "ipvs") {
-    const objects = renderedIpvs(sync, family);
-    const t = traceIpvs(objects, packet);
-    return {
-      ...iptablesPath(t, objects.iptables),
-      sharesExact: (ipvsScheduler || "rr") === "rr",
-      dummyAddresses: objects.dummyAddresses,
-    };
-  }
-  const tables = renderedIptables(sync, family);
-  return iptablesPath(traceIptables(tables, packet), tables);
+function ipvsPath(objects: IpvsObjects, packet: TracePacket, scheduler: string): ModePath {
+  return {
+    ...iptablesWalk(traceIpvs(objects, packet), objects.iptables),
+    sharesExact: (scheduler || "rr") === "rr",
+    dummyAddresses: objects.dummyAddresses,
+  };
+}
+
+function iptablesPath(tables: IptablesTables, packet: TracePacket): ModePath {
+  return iptablesWalk(traceIptables(tables, packet), tables);
 }
 
 function iptablesStep(s: TraceStep): PathStep {
@@ -105,7 +102,7 @@ function iptablesStep(s: TraceStep): PathStep {
   return { key: where, text: formatStep(s), where, comment: stepComment(s) ?? null };
 }
 
-function iptablesPath(t: Trace, tables: IptablesTables): ModePath {
+function iptablesWalk(t: Trace, tables: IptablesTables): ModePath {
   const objects = new Set<string>();
   const outcomes = t.outcomes.map((o: Outcome<TraceStep>): PathOutcome => {
     const steps: PathStep[] = o.steps.map(iptablesStep);
@@ -132,23 +129,32 @@ function iptablesPath(t: Trace, tables: IptablesTables): ModePath {
     const dnatStep = o.steps.find((s) => s.rule.target === "DNAT");
     if (via === null && dnatStep) via = dnatStep.chain;
     const marked = o.steps.find((s) => s.rule.target === "KUBE-MARK-MASQ");
-    return {
-      verdict: o.verdict,
-      endpoint: o.endpoint,
-      masqueraded: o.masqueraded,
-      probability: o.probability,
-      steps,
-      via,
-      markedBy: marked ? iptablesStep(marked) : null,
-      endedBy: o.verdict === "reject" || o.verdict === "drop" ? steps.at(-1) ?? null : null,
-    };
+    return pathOutcome(o, steps, via, marked ? iptablesStep(marked) : null);
   });
+  return walked(outcomes, t.assumptions, objects);
+}
+
+/** A walk's outcomes as a mode's path (exact shares, no kube-ipvs0: the ipvs mode sets its own). */
+function walked(outcomes: PathOutcome[], assumptions: readonly string[], objects: Set<string>): ModePath {
+  return { outcomes, assumptions, objects: [...objects], sharesExact: true, dummyAddresses: [] };
+}
+
+/** One outcome in explain's shape: the tracer's ending, its steps, and the steps that matter picked out. */
+function pathOutcome(
+  o: Outcome<unknown>,
+  steps: readonly PathStep[],
+  via: string | null,
+  markedBy: PathStep | null,
+): PathOutcome {
   return {
-    outcomes,
-    assumptions: t.assumptions,
-    objects: [...objects],
-    sharesExact: true,
-    dummyAddresses: [],
+    verdict: o.verdict,
+    endpoint: o.endpoint,
+    masqueraded: o.masqueraded,
+    probability: o.probability,
+    steps,
+    via,
+    markedBy,
+    endedBy: o.verdict === "reject" || o.verdict === "drop" ? steps.at(-1) ?? null : null,
   };
 }
 
@@ -171,24 +177,9 @@ function nftablesPath(table: NftTable, packet: TracePacket): ModePath {
     }
     const dnat = o.steps.find((s) => /\bdnat\b/.test(s.rule));
     const marked = o.steps.findIndex((s) => /\bmark set mark or\b/.test(s.rule));
-    return {
-      verdict: o.verdict,
-      endpoint: o.endpoint,
-      masqueraded: o.masqueraded,
-      probability: o.probability,
-      steps,
-      via: dnat ? dnat.chain : null,
-      markedBy: marked >= 0 ? steps[marked] : null,
-      endedBy: o.verdict === "reject" || o.verdict === "drop" ? steps.at(-1) ?? null : null,
-    };
+    return pathOutcome(o, steps, dnat ? dnat.chain : null, marked >= 0 ? steps[marked] : null);
   });
-  return {
-    outcomes,
-    assumptions: t.assumptions,
-    objects: [...objects],
-    sharesExact: true,
-    dummyAddresses: [],
-  };
+  return walked(outcomes, t.assumptions, objects);
 }
 
 /** The outcomes' steps split into what every outcome shares at the start and the end, and each one's own. */
