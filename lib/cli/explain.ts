@@ -431,7 +431,7 @@ export function formatExplanation(e: Explanation): string {
   );
   lines.push(`Mode:       ${e.mode}`);
   lines.push("");
-  lines.push("Path (the rules it matches, traced through the rules the agent writes):");
+  lines.push("Path (traced through the rules the agent writes):");
   let n = 0;
   const step = (text: string) => lines.push(wrap(`${++n}. ${text}`, "  ", "     "));
   for (const s of e.path.prefix) step(s.text);

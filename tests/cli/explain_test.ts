@@ -347,7 +347,7 @@ Deno.test("explain (iptables): a LoadBalancer client outside the source ranges, 
 Service:    dp/lbsr:p, LoadBalancer IP 172.30.1.4:80/TCP
 Mode:       iptables
 
-Path (the rules it matches, traced through the rules the agent writes):
+Path (traced through the rules the agent writes):
   1. nat PREROUTING #1: -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
   2. nat KUBE-SERVICES #13: -m comment --comment "dp/lbsr:p loadbalancer IP" -m tcp -p tcp -d 172.30.1.4
      --dport 80 -j KUBE-FW-E4EOB43T7Q5ETYMN
@@ -385,7 +385,7 @@ Deno.test("explain (nftables): an eTP Local NodePort from outside keeps the clie
 Service:    dp/etp:p, NodePort 192.168.77.1:30086/TCP
 Mode:       nftables
 
-Path (the rules it matches, traced through the rules the agent writes):
+Path (traced through the rules the agent writes):
   1. filter-prerouting-pre-dnat #1: ct state new jump firewall-check
   2. nat-prerouting #1: jump services
   3. services #3: ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports
@@ -422,7 +422,7 @@ Deno.test("explain (ipvs): sticky ClusterIP from the node, exact text", async ()
 Service:    dp/sticky:p, ClusterIP 10.96.1.10:80/TCP
 Mode:       ipvs
 
-Path (the rules it matches, traced through the rules the agent writes):
+Path (traced through the rules the agent writes):
   1. nat OUTPUT #1: -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
   2. nat KUBE-SERVICES #3: -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose"
      -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ
