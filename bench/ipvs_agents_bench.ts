@@ -406,5 +406,13 @@ if (import.meta.main) {
         f.changes.map((c) => c.applyMs).join(", ")
       } ms; bytes ${f.changes.map((c) => c.bytes).join(", ")}`,
     );
+    // The agent's own share of a change, as the scale harness reports it for the other modes (the ipvs mode's
+    // minSyncPeriod is 0): from the change written to the API to the sync-complete line, less the tools' time.
+    const share = f.changes.map((c) => Math.round(c.ms - (c.applyMs ?? 0)));
+    console.log(
+      `ours at ${f.n}, the agent's share per change (change → sync complete, less the tools): ${
+        share.join(", ")
+      } ms (median ${fmt(median(share))}, max ${fmt(Math.max(...share))})`,
+    );
   }
 }

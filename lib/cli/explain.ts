@@ -13,7 +13,7 @@ import type { ProxyOptions } from "../config/command.ts";
 import { DUMMY_INTERFACE } from "../dataplane/ipvs/addresses.ts";
 import { configuredLocalTraffic, type LocalTraffic } from "../dataplane/local_traffic.ts";
 import { localhostNodePortHandling } from "../dataplane/nftables/rules.ts";
-import { cidrContains, familyOf, type IPFamily, isLoopback, parseIP } from "../net/ip.ts";
+import { cidrContains, familyOf, type IPFamily, isLoopback, parseIP, splitHostPort } from "../net/ip.ts";
 import { newNodePortAddresses } from "../net/node_addresses.ts";
 import type { EndpointInfo, Protocol, ProxySnapshot, ServicePortState } from "../proxy/types.ts";
 import type { FirstSync } from "./engine.ts";
@@ -189,7 +189,7 @@ export function explainPacket(packet: PacketSpec, sync: FirstSync, opts: ProxyOp
   const dnat = traced.outcomes.filter((o) => o.verdict === "dnat");
   const endpoints: EndpointChoice[] = dnat.map((o) => {
     const ep = modelEndpoint(snapshot, st, o.endpoint!);
-    const ip = ep?.ip ?? hostOf(o.endpoint!);
+    const ip = ep?.ip ?? splitHostPort(o.endpoint!)[0];
     return {
       endpoint: o.endpoint!,
       ip,
@@ -238,12 +238,6 @@ export function explainPacket(packet: PacketSpec, sync: FirstSync, opts: ProxyOp
     assumptions: traced.assumptions,
     objects: [...traced.objects, ...endpoints.map((x) => x.via)],
   };
-}
-
-function hostOf(endpoint: string): string {
-  return endpoint.startsWith("[")
-    ? endpoint.slice(1, endpoint.indexOf("]"))
-    : endpoint.slice(0, endpoint.lastIndexOf(":"));
 }
 
 /** The model's endpoint for a traced DNAT target (the Service's first, any Service's otherwise). */
