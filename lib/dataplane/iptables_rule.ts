@@ -39,6 +39,8 @@ export const MAX_CHAIN_NAME = 28;
 /** The longest `-m comment` text the kernel keeps (XT_MAX_COMMENT_LEN - 1). */
 export const MAX_COMMENT = 255;
 
+const encoder = new TextEncoder();
+
 /**
  * Checks a chain name as iptables does: 1-28 characters, no whitespace, not an option (`-`) or negation (`!`).
  * @throws {IptablesRuleError} When iptables would refuse it.
@@ -55,7 +57,8 @@ export function checkChainName(name: string): string {
 
 /** `-m comment --comment TEXT` (checked for the kernel's length limit). */
 export function comment(text: string): RuleFragment {
-  if (text.length > MAX_COMMENT) {
+  // UTF-8 takes at most 3 bytes per UTF-16 unit: only a long text needs counting.
+  if (text.length * 3 > MAX_COMMENT && encoder.encode(text).length > MAX_COMMENT) {
     throw new IptablesRuleError(`iptables comment longer than ${MAX_COMMENT} bytes: ${JSON.stringify(text)}`);
   }
   return RuleFragment.of(" -m comment --comment" + arg(text));

@@ -59,6 +59,9 @@ Deno.test("iptables rule: what iptables would refuse or read differently is refu
   refused(() => comment("x".repeat(256)), /longer than 255/);
   assert.equal(checkChainName("A".repeat(28)), "A".repeat(28));
   assert.ok(comment("x".repeat(255)));
+  // The limit is the kernel's, in bytes: 128 two-byte characters are 256 bytes.
+  refused(() => comment("é".repeat(128)), /longer than 255/);
+  assert.ok(comment("é".repeat(127)));
 });
 
 Deno.test("iptables rule: any arguments it accepts read back as written (property)", () => {
