@@ -6,15 +6,22 @@
  * (a key to compare steps by, the step as text, which step DNATed, marked or ended the packet).
  * @module
  */
-import type { Outcome, Trace, TracePacket, TraceStep, TraceVerdict } from "../dataplane/iptables/trace.ts";
-import { formatStep, stepComment } from "../dataplane/iptables/trace.ts";
+import {
+  formatStep,
+  type Outcome,
+  stepComment,
+  type Trace,
+  traceIptables,
+  type TracePacket,
+  type TraceStep,
+  type TraceVerdict,
+} from "../dataplane/iptables/trace.ts";
 import type { IptablesTables } from "../dataplane/iptables/model.ts";
 import type { IPFamily } from "../net/ip.ts";
 import type { FirstSync } from "./engine.ts";
 import { renderedIptables } from "./explain_trace.ts";
 import { type IpvsObjects, renderedIpvs, traceIpvs } from "./explain_trace_ipvs.ts";
 import { applyNftTransaction, type NftTable, traceNftables } from "./explain_trace_nftables.ts";
-import { traceIptables } from "../dataplane/iptables/trace.ts";
 
 /** One matched rule (or the load balancer's pick) as explain prints it. */
 export interface PathStep {
