@@ -207,6 +207,26 @@ export const quarantinedServicePorts = new client.Gauge({
   registers: [allMetrics],
 });
 
+/**
+ * Our own (no upstream counterpart), served with `--nftables-netlink` only: nftables transactions by the way
+ * they reached the kernel, `netlink` (the agent's own batch) or `nft` (everything the netlink path does not
+ * carry: full syncs, and any transaction with an operation it cannot encode).
+ */
+export const nftablesTransactionsTotal = new client.Counter({
+  name: "denokubeproxy_nftables_transactions_total",
+  help:
+    "nftables transactions sent to the kernel, by path (netlink: the agent's own batch; nft: the nft binary)",
+  labelNames: ["ip_family", "path"],
+  registers: [allMetrics],
+});
+
+/** Serves {@linkcode nftablesTransactionsTotal} on /metrics (`--nftables-netlink`). */
+export function registerNftablesNetlinkMetrics(): void {
+  if (servedMetrics.has(nftablesTransactionsTotal)) return;
+  servedMetrics.add(nftablesTransactionsTotal);
+  registry.registerMetric(nftablesTransactionsTotal);
+}
+
 /** One sample a {@linkcode ReadAtScrapeCounter} reads: its label values and its value. */
 export interface ScrapeSample<T extends string> {
   readonly labels: Partial<Record<T, string>>;

@@ -41,7 +41,7 @@ declare -A tools=(
   [iptables-restore]=iptables [nft]=nftables [ipset]=ipset [conntrack]=conntrack
   [ipvsadm]=ipvsadm [ip]=iproute2 [sysctl]=procps [choom]=util-linux [unshare]=util-linux [nfacct]=nfacct
   [modprobe]=kmod [systemd-analyze]=systemd [flock]=util-linux [openssl]=openssl
-  [prometheus]=prometheus [promtool]=prometheus
+  [prometheus]=prometheus [promtool]=prometheus [strace]=strace
 )
 missing=()
 if [ "${DKP_SYSTEM_TOOLS:-1}" != 0 ]; then

@@ -15,7 +15,7 @@ import { configureLogging, log } from "../log.ts";
 import { formatDuration } from "./duration.ts";
 import { FlagError, type FlagSet, HelpRequested } from "./flag_set.ts";
 import { writeConfigFile } from "./load.ts";
-import { buildProxyOptions, Options, type ProxyOptions } from "./options.ts";
+import { AGENT_ONLY_FLAGS, buildProxyOptions, Options, type ProxyOptions } from "./options.ts";
 import { aggregateMessage } from "./validate.ts";
 import { GIT_VERSION } from "./version.ts";
 
@@ -64,7 +64,10 @@ function versionInfoRaw(v: string): string {
  * `iptables`, detectLocalMode `ClusterCIDR`, `primary` NodePort addresses in nftables mode).
  */
 function flagzValues(o: Options): Record<string, string> {
-  const flags: Record<string, string> = Object.fromEntries(o.fs.all().map((f) => [f.name, f.value.string()]));
+  const agentOnly: readonly string[] = AGENT_ONLY_FLAGS;
+  const flags: Record<string, string> = Object.fromEntries(
+    o.fs.all().filter((f) => !agentOnly.includes(f.name)).map((f) => [f.name, f.value.string()]),
+  );
   if (o.configFile === "") {
     if (flags["proxy-mode"] === "") flags["proxy-mode"] = "iptables";
     if (flags["detect-local-mode"] === "") flags["detect-local-mode"] = "ClusterCIDR";

@@ -58,6 +58,11 @@ export interface ProxyOptions {
   cleanup: boolean;
   /** `--init-only`: do the privileged initialisation (sysctls) and exit. */
   initOnly: boolean;
+  /**
+   * `--nftables-netlink` (this agent's, hidden from `--help` to keep upstream's): nftables mode sends partial
+   * syncs to the kernel over its own netlink socket instead of `nft` (needs `--allow-ffi`).
+   */
+  nftablesNetlink?: boolean;
   /** `--master`: overrides the kubeconfig's server URL. */
   master: string;
   /** `clientConnection.kubeconfig` (from `--kubeconfig` only when there is no `--config`). */
@@ -96,6 +101,9 @@ Service cluster IPs and ports are currently found through Docker-links-compatibl
 environment variables specifying ports opened by the service proxy. There is an optional
 addon that provides cluster DNS for these cluster IPs. The user must create a service
 with the apiserver API to configure the proxy.`;
+
+/** Flags of this agent that upstream does not have: hidden from `--help` and left out of `/flagz`. */
+export const AGENT_ONLY_FLAGS = ["nftables-netlink"] as const;
 
 const IGNORED = "This parameter is ignored if a config file is specified by --config.";
 const LOGGING_FLAGS = [
@@ -158,6 +166,7 @@ export class Options {
   writeConfigTo = "";
   cleanup = false;
   initOnly = false;
+  nftablesNetlink = false;
   master = "";
   hostnameOverride = "";
   healthzPort = 10256;
@@ -305,6 +314,14 @@ export class Options {
       () => this.initOnly,
       (v) => this.initOnly = v,
       "If true, perform any initialization steps that must be done with full root privileges, and then exit. After doing this, you can run kube-proxy again with only the CAP_NET_ADMIN capability.",
+    );
+    fs.bool(
+      AGENT_ONLY_FLAGS[0],
+      () => this.nftablesNetlink,
+      (v) => this.nftablesNetlink = v,
+      "This agent only (not upstream's; hidden from --help): in nftables mode, send partial syncs to the kernel " +
+        "over a netlink socket of the agent's own instead of nft. Needs --allow-ffi (docs/operations.md).",
+      { hidden: true },
     );
     fs.string(
       "proxy-mode",
@@ -746,6 +763,7 @@ export function buildProxyOptions(o: Options, machineHostname: () => string): Pr
     configFile: o.configFile,
     cleanup: o.cleanup,
     initOnly: o.initOnly,
+    nftablesNetlink: o.nftablesNetlink,
     master: o.master,
     kubeconfig: c.clientConnection.kubeconfig,
     hostname: getHostname(c.hostnameOverride, machineHostname),

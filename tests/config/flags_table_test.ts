@@ -5,7 +5,7 @@ import { run, tempDir } from "./helpers.ts";
 
 type Check = (o: ProxyOptions) => unknown;
 
-/** Every upstream flag: an argv using it and where its value must land. `exit` rows stop the command. */
+/** Every upstream flag (and the agent's own): an argv using it and where its value must land. `exit` rows stop the command. */
 const TABLE: Record<
   string,
   { argv: string[]; get: Check; want: unknown } | { argv: string[]; exit: number }
@@ -196,6 +196,8 @@ const TABLE: Record<
     get: (o) => o.config.metricsBindAddress,
     want: "127.0.0.2:9999",
   },
+  // This agent's own (AGENT_ONLY_FLAGS): hidden from --help, left out of /flagz.
+  "nftables-netlink": { argv: ["--nftables-netlink"], get: (o) => o.nftablesNetlink, want: true },
   "nodeport-addresses": {
     argv: ["--nodeport-addresses=10.0.0.0/8,192.168.0.0/16"],
     get: (o) => o.config.nodePortAddresses,

@@ -212,6 +212,8 @@ export interface SandboxAgentOptions {
   extraArgs?: string[];
   /** A directory put first on the agent's PATH (tool wrappers of a test; see refusingToolWrappers). */
   pathPrefix?: string;
+  /** What `$DKP_EXTRA_PERMISSIONS` expands to (e.g. `--allow-ffi` for `--nftables-netlink`). */
+  extraPermissions?: string[];
 }
 
 /**
@@ -224,7 +226,9 @@ export function startSandboxAgent(
   kubeconfig: string,
   opts: SandboxAgentOptions,
 ): SandboxProcess {
-  const [cmd, ...args] = agentCommand(["--kubeconfig", kubeconfig, ...sandboxAgentFlags(opts)]);
+  const [cmd, ...args] = agentCommand(["--kubeconfig", kubeconfig, ...sandboxAgentFlags(opts)], {
+    ...(opts.extraPermissions ? { extraPermissions: opts.extraPermissions } : {}),
+  });
   if (opts.pathPrefix) {
     // Deno resolves the names in --allow-run on PATH, so the wrappers are what the agent may run and runs.
     return sb.spawn(sb.node, "env", [

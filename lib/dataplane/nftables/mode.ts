@@ -10,7 +10,7 @@ import type { Dataplane, IPFamily } from "../../proxy/types.ts";
 import { configuredLocalTraffic } from "../local_traffic.ts";
 import { NftablesDataplane } from "./dataplane.ts";
 import { localhostNodePortRejectedReader } from "./localhost_nodeport_counters.ts";
-import { registerLocalhostNodePortMetrics } from "../../metrics.ts";
+import { registerLocalhostNodePortMetrics, registerNftablesNetlinkMetrics } from "../../metrics.ts";
 import {
   type CleanupReport,
   type DataplaneMode,
@@ -19,6 +19,8 @@ import {
   type ProxyModeName,
 } from "../mode.ts";
 import { TABLE } from "./names.ts";
+import { NetlinkNftables } from "./netlink/nftables.ts";
+import { NftablesRunner } from "./nft_runner.ts";
 import { checkNftVersion, kernelVersionProblem, SKIP_KERNEL_CHECK_ENV } from "./versions.ts";
 
 /** The table name upstream's nftables mode uses in both families. */
@@ -38,6 +40,26 @@ export interface NftablesHost {
   kernelRelease?: () => string;
   /** An environment variable (`Deno.env.get`). */
   env?: (name: string) => string | undefined;
+}
+
+/**
+ * `--nftables-netlink`: the family's table access with partial syncs over the agent's own netlink socket, opened
+ * now so that a missing `--allow-ffi` stops the start with the way out.
+ */
+function netlinkNftables(ctx: ModeContext, family: IPFamily): NetlinkNftables {
+  const fam = family === "IPv6" ? "ip6" : "ip";
+  const nl = new NetlinkNftables(new NftablesRunner({ family: fam, table: TABLE, runner: ctx.runner }));
+  try {
+    nl.open();
+  } catch (err) {
+    const hint = err instanceof Deno.errors.NotCapable
+      ? " (it needs FFI: DKP_EXTRA_PERMISSIONS=--allow-ffi deno task start ..., or deno run --allow-ffi ...)"
+      : "";
+    throw new Error(`--nftables-netlink: cannot open a netlink socket: ${(err as Error).message}${hint}`);
+  }
+  registerNftablesNetlinkMetrics();
+  ctx.logger.info("nftables partial syncs go over netlink (--nftables-netlink)", { ipFamily: family });
+  return nl;
 }
 
 /** A fresh nftables mode. */
@@ -102,11 +124,13 @@ export function newNftablesMode(host: NftablesHost = {}): DataplaneMode {
         registerLocalhostNodePortMetrics(localhostNodePortRejectedReader(ctx.runner, families, ctx.logger));
       }
       for (const family of families) {
+        const nftables = o.nftablesNetlink ? netlinkNftables(ctx, family) : undefined;
         out.set(
           family,
           new NftablesDataplane({
             family,
             runner: ctx.runner,
+            ...(nftables !== undefined ? { nftables } : {}),
             masqueradeBit: o.masqueradeBit,
             masqueradeAll: o.masqueradeAll,
             localTraffic: configuredLocalTraffic(o, ctx.podCIDRs, family),
