@@ -37,7 +37,7 @@ import { usePrivateXtablesLock } from "../testkit/xtables_lock.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
 import { IpPool, makeNode, makeService, makeSlice, seededRandom } from "./scale_objects.ts";
 import { type Call, NodeNamespace, parseCalls, sh, writeWrappers } from "./scale_netns.ts";
-import { agentCommand, type AgentName, type Backend, type ScaleMode } from "./scale_agents.ts";
+import { AGENT_NAMES, agentCommand, type AgentName, type Backend, type ScaleMode } from "./scale_agents.ts";
 import { kernelProbe, type Prelude } from "./scale_probe.ts";
 
 /** Options of {@linkcode runScale}. */
@@ -68,6 +68,12 @@ export interface ScaleOptions {
   seed: number;
   /** Keep the work directories (logs, payload copies). */
   keep: boolean;
+  /**
+   * nftables mode: time the changes by `nft monitor` in the agent's namespace (each committed transaction, when
+   * its generation line arrives) instead of by the nft wrapper's log, for every agent of the run alike. Needed
+   * for `ours-netlink`, whose changes run no nft; "handed to kernel" is then the same as "in kernel".
+   */
+  monitor: boolean;
   /** Progress on stderr. */
   verbose: boolean;
   upstreamBinary?: string;
@@ -173,6 +179,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
   const ns = await NodeNamespace.create(o.backend);
   let sim: SimulatorProcess | null = null;
   let child: Deno.ChildProcess | null = null;
+  let monitor: Monitor | undefined;
   const res: AgentRun = {
     agent,
     run,
@@ -259,7 +266,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
       const enc = new TextEncoder();
       for await (const chunk of child!.stderr.pipeThrough(new TextDecoderStream())) {
         await logFile.write(enc.encode(chunk));
-        if (agent !== "ours") continue;
+        if (!agent.startsWith("ours")) continue;
         buf += chunk;
         let nl;
         while ((nl = buf.indexOf("\n")) >= 0) {
@@ -325,6 +332,9 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
       const settled = rss.filter((s) => s.t > Date.now() - 2000).map((s) => s.kib);
       res.rssSettledMiB = settled.length ? percentile(settled, 50)! / 1024 : null;
 
+      // The monitor, when asked: every committed transaction with its arrival time, from before the churn.
+      if (o.monitor) monitor = await startMonitor(ns.name);
+
       // 4. Churn: endpoint replacements and added Services, the same sequence for every agent of a run.
       const rand = seededRandom(o.seed + run);
       const epEvents: (Ev & { ip: string; slot: string })[] = [];
@@ -387,41 +397,73 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
           e.otherCallsMs += Math.max(0, Math.min(other.end, c.start) - Math.max(other.start, from));
         }
       };
+      // An endpoint event is resolved by a payload when it, or a later update of the same slot, is in it.
+      const resolve = (
+        text: string,
+        c: Call,
+        prevEnd: number,
+        hasEndpoint: (text: string, ip: string) => boolean,
+      ) => {
+        const upto = new Map<string, number>();
+        for (const e of epEvents) {
+          if (e.handed !== undefined || e.t > c.start) continue;
+          if (hasEndpoint(text, e.ip)) upto.set(e.slot, e.t);
+        }
+        for (const e of epEvents) {
+          if (e.handed !== undefined || e.t > c.start) continue;
+          const u = upto.get(e.slot);
+          if (u !== undefined && e.t <= u) settle(e, c, prevEnd);
+        }
+        for (const e of svcEvents) {
+          if (e.handed === undefined && e.t <= c.start && text.includes(e.needle)) settle(e, c, prevEnd);
+        }
+      };
+      let monitorScanned = 0;
+      let monitorPrevEnd = -Infinity;
       while (true) {
         calls = parseCalls(await Deno.readTextFile(wr.log), wr.payloads);
-        const restores = calls.filter((c) => probe.isApply(c));
-        for (const c of restores) {
-          if (scanned.has(c.file!)) continue;
-          scanned.add(c.file!);
-          if (c.rc !== 0) res.restoreFailures++;
-          const text = c.rc === 0 && (c.start >= churnStart - 1 || probe.isHousekeeping)
-            ? await payloadText(c)
-            : "";
-          if (probe.isHousekeeping?.(text)) housekeeping.add(c.file!);
-          if (!probe.isV4Success(c, text) || c.start < churnStart - 1 || housekeeping.has(c.file!)) {
-            if (!o.keep && c.file !== null) await Deno.remove(c.file).catch(() => {});
-            continue;
+        if (monitor !== undefined) {
+          // Each IPv4 transaction the kernel committed during the churn, at its arrival.
+          for (; monitorScanned < monitor.txs.length; monitorScanned++) {
+            const m = monitor.txs[monitorScanned];
+            if (m.t < churnStart || !/^\w+ \w+ ip kube-proxy\b/m.test(m.text)) continue;
+            if (/^(delete [^\n]*\n)+$/.test(m.text)) continue; // stale chains going
+            const c: Call = {
+              pid: 0,
+              name: "monitor",
+              args: "",
+              argv: [],
+              start: m.t,
+              end: m.t,
+              rc: 0,
+              file: null,
+            };
+            res.partialRestores.push({ bytes: m.text.length, ms: 0 });
+            resolve(m.text, c, monitorPrevEnd, monitorHasEndpoint);
+            monitorPrevEnd = m.t;
           }
-          res.partialRestores.push({ bytes: text.length, ms: c.end! - c.start });
-          const prevEnd = Math.max(
-            -Infinity,
-            ...restores.filter((r) => r.end! <= c.start && !housekeeping.has(r.file!)).map((r) => r.end!),
-          );
-          // An endpoint event is resolved by this payload when it, or a later update of the same slot, is in it.
-          const upto = new Map<string, number>();
-          for (const e of epEvents) {
-            if (e.handed !== undefined || e.t > c.start) continue;
-            if (probe.hasEndpoint(text, e.ip)) upto.set(e.slot, e.t);
+        } else {
+          const restores = calls.filter((c) => probe.isApply(c));
+          for (const c of restores) {
+            if (scanned.has(c.file!)) continue;
+            scanned.add(c.file!);
+            if (c.rc !== 0) res.restoreFailures++;
+            const text = c.rc === 0 && (c.start >= churnStart - 1 || probe.isHousekeeping)
+              ? await payloadText(c)
+              : "";
+            if (probe.isHousekeeping?.(text)) housekeeping.add(c.file!);
+            if (!probe.isV4Success(c, text) || c.start < churnStart - 1 || housekeeping.has(c.file!)) {
+              if (!o.keep && c.file !== null) await Deno.remove(c.file).catch(() => {});
+              continue;
+            }
+            res.partialRestores.push({ bytes: text.length, ms: c.end! - c.start });
+            const prevEnd = Math.max(
+              -Infinity,
+              ...restores.filter((r) => r.end! <= c.start && !housekeeping.has(r.file!)).map((r) => r.end!),
+            );
+            resolve(text, c, prevEnd, probe.hasEndpoint);
+            if (!o.keep) await Deno.remove(c.file!).catch(() => {});
           }
-          for (const e of epEvents) {
-            if (e.handed !== undefined || e.t > c.start) continue;
-            const u = upto.get(e.slot);
-            if (u !== undefined && e.t <= u) settle(e, c, prevEnd);
-          }
-          for (const e of svcEvents) {
-            if (e.handed === undefined && e.t <= c.start && text.includes(e.needle)) settle(e, c, prevEnd);
-          }
-          if (!o.keep) await Deno.remove(c.file!).catch(() => {});
         }
         const done = epEvents.every((e) => e.handed !== undefined) &&
           svcEvents.every((e) => e.handed !== undefined);
@@ -451,7 +493,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
       // 6. Kernel state, this agent's own log.
       res.programmed = await probe.programmed(ns);
       res.hwmMiB = (readProc(pid)?.hwmKiB ?? 0) / 1024 || null;
-      if (agent === "ours") {
+      if (agent.startsWith("ours")) {
         const full = oursSyncs.find((s) => s.full);
         res.oursFullGenerateMs = full?.generateMs ?? null;
         res.oursPartialGenerateMs = oursSyncs.filter((s) => !s.full && s.ts >= churnStart).map((s) =>
@@ -465,6 +507,7 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
       }
     } finally {
       clearInterval(sampler);
+      await monitor?.stop();
       try {
         child.kill("SIGTERM");
       } catch { /* gone */ }
@@ -498,6 +541,70 @@ async function runAgent(o: ScaleOptions, agent: AgentName, run: number): Promise
   if (!o.keep) await Deno.remove(workdir, { recursive: true }).catch(() => {});
   res.loadAvg[1] = loadAverage();
   return res;
+}
+
+/** `nft monitor` in a namespace: each committed transaction's lines and when its generation line arrived. */
+interface Monitor {
+  readonly txs: { t: number; text: string }[];
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts `nft monitor` in namespace `ns` and returns once it reports (a throwaway table created and deleted
+ * there shows up in its output), so that no transaction after this is missed.
+ */
+async function startMonitor(ns: string): Promise<Monitor> {
+  const child = new Deno.Command("ip", {
+    args: ["netns", "exec", ns, "nft", "monitor"],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "null",
+  }).spawn();
+  const txs: { t: number; text: string }[] = [];
+  const done = (async () => {
+    let buf = "";
+    let cur = "";
+    for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
+      buf += chunk;
+      let nl;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        if (line.startsWith("# new generation")) {
+          txs.push({ t: Date.now(), text: cur });
+          cur = "";
+        } else cur += line + "\n";
+      }
+    }
+  })();
+  const deadline = Date.now() + 30_000; // nft monitor reads the table's cache first: seconds at 30k
+  while (!txs.some((t) => t.text.includes("dkp-monitor-ready"))) {
+    if (Date.now() > deadline) throw new Error("nft monitor did not report within 30 s");
+    await sh("ip", [
+      "netns",
+      "exec",
+      ns,
+      "nft",
+      "add table ip dkp-monitor-ready ; delete table ip dkp-monitor-ready",
+    ]);
+    await sleep(200);
+  }
+  return {
+    txs,
+    async stop() {
+      try {
+        child.kill("SIGTERM");
+      } catch { /* gone */ }
+      await child.status;
+      await done.catch(() => {});
+    },
+  };
+}
+
+/** An endpoint `ip` (port 8080) in a rule as `nft monitor` prints it (map elements joined by ", "). */
+export function monitorHasEndpoint(text: string, ip: string): boolean {
+  return text.includes(`dnat to ${ip}:8080\n`) || text.includes(` : ${ip} . 8080,`) ||
+    text.includes(` : ${ip} . 8080 }`);
 }
 
 /** Runs every agent `runs` times, alternating, and returns every run's figures. */
@@ -653,6 +760,7 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
     settle: 40,
     timeout: 900,
     bareRestore: true,
+    monitor: false,
     seed: 13,
     keep: false,
     verbose: true,
@@ -699,7 +807,9 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
       }
       case "agents": {
         const list = val().split(",");
-        for (const a of list) if (a !== "ours" && a !== "upstream") throw new Error(`unknown agent ${a}`);
+        for (const a of list) {
+          if (!(AGENT_NAMES as readonly string[]).includes(a)) throw new Error(`unknown agent ${a}`);
+        }
         o.agents = list as AgentName[];
         break;
       }
@@ -712,6 +822,9 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
       case "keep":
         o.keep = true;
         break;
+      case "monitor":
+        o.monitor = true;
+        break;
       case "quiet":
         o.verbose = false;
         break;
@@ -720,9 +833,11 @@ function parseArgs(args: string[]): ScaleOptions & { json: string } {
         break;
       default:
         throw new Error(
-          `unknown flag ${args[i]}; flags: --agents ours,upstream --runs N --services N --endpoints M ` +
+          `unknown flag ${args[i]}; flags: --agents ${
+            AGENT_NAMES.join(",")
+          } --runs N --services N --endpoints M ` +
             `--mode iptables|nftables --backend legacy|nft --churn R --service-adds R --duration S --min-sync S --settle S ` +
-            `--timeout S --seed N --upstream-binary PATH --no-bare-restore --keep --quiet --json FILE`,
+            `--timeout S --seed N --upstream-binary PATH --no-bare-restore --keep --monitor --quiet --json FILE`,
         );
     }
   }

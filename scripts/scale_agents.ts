@@ -11,8 +11,11 @@
 import { agentCommand as startCommand } from "../testkit/agent_command.ts";
 import { k8sBinary } from "../testkit/kube_apiserver.ts";
 
-/** Agents the harness knows. */
-export type AgentName = "ours" | "upstream";
+/** Agents the harness knows: `ours-netlink` is this agent with `--nftables-netlink` (and `--allow-ffi`). */
+export type AgentName = "ours" | "ours-netlink" | "upstream";
+
+/** Every agent name, in the order the harness's help lists them. */
+export const AGENT_NAMES: readonly AgentName[] = ["ours", "ours-netlink", "upstream"];
 /** Proxy modes the harness can drive (with a kernel probe in scale_probe.ts). */
 export type ScaleMode = "iptables" | "nftables";
 /** iptables backends. */
@@ -46,6 +49,11 @@ export async function agentCommand(name: AgentName, s: AgentSetup): Promise<stri
     `--iptables-min-sync-period=${s.minSyncS}s`,
   ];
   if (name === "ours") return startCommand([...common, "--logging-format=json"]);
+  if (name === "ours-netlink") {
+    return startCommand([...common, "--logging-format=json", "--nftables-netlink"], {
+      extraPermissions: ["--allow-ffi"],
+    });
+  }
   const bin = s.upstreamBinary ?? UPSTREAM_BINARY;
   try {
     await Deno.stat(bin);
