@@ -577,9 +577,11 @@ async function startMonitor(ns: string): Promise<Monitor> {
       }
     }
   })();
-  const deadline = Date.now() + 30_000; // nft monitor reads the table's cache first: seconds at 30k
-  while (!txs.some((t) => t.text.includes("dkp-monitor-ready"))) {
-    if (Date.now() > deadline) throw new Error("nft monitor did not report within 30 s");
+  // nft monitor first reads the table into its cache (about 4 s of CPU at 10k), and starts that over whenever
+  // the ruleset changes meanwhile: probe rarely, waiting longer each time.
+  const deadline = Date.now() + 180_000;
+  for (let wait = 2_000; !txs.some((t) => t.text.includes("dkp-monitor-ready")); wait *= 2) {
+    if (Date.now() > deadline) throw new Error("nft monitor did not report within 180 s");
     await sh("ip", [
       "netns",
       "exec",
@@ -587,7 +589,8 @@ async function startMonitor(ns: string): Promise<Monitor> {
       "nft",
       "add table ip dkp-monitor-ready ; delete table ip dkp-monitor-ready",
     ]);
-    await sleep(200);
+    const until = Date.now() + wait;
+    while (Date.now() < until && !txs.some((t) => t.text.includes("dkp-monitor-ready"))) await sleep(100);
   }
   return {
     txs,

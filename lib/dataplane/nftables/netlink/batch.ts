@@ -1,11 +1,12 @@
 /**
- * A transaction of a partial sync as one nf_tables netlink batch: the operations a service port's changes are
- * made of (add, flush and delete of regular chains; rules of the forms `rule_compiler.ts` knows; affinity sets;
- * elements of the shared maps and sets), each as the message nft 1.0.6 sends for it. Any other operation makes
- * the whole transaction unencodable (null), and it goes to nft.
+ * A transaction of a partial sync, or a full sync's run ahead, as one nf_tables netlink batch: the operations a
+ * service port's changes are made of (add, flush and delete of regular chains; rules of the forms
+ * `rule_compiler.ts` knows; affinity sets; elements of the shared maps and sets), and the table and the shared
+ * maps' declarations a run ahead starts with, each as the message nft 1.0.6 sends for it. Any other operation
+ * makes the whole transaction unencodable (null), and it goes to nft.
  * @module
  */
-import type { Family } from "../objects.ts";
+import type { Family, NftMap, NftSet } from "../objects.ts";
 import type { Operation } from "../transaction.ts";
 import { SET } from "../names.ts";
 import { VERDICT, type Verdict, writeVerdict } from "./expressions.ts";
@@ -14,6 +15,7 @@ import {
   type AnonSet,
   compileRule,
   concatBytes,
+  DATA_VERDICT,
   DATATYPE,
   portBytes,
   protocolNumber,
@@ -21,7 +23,7 @@ import {
   type RuleFamily,
   SET_FLAG,
 } from "./rule_compiler.ts";
-import { cstr, NetlinkWriter, NFNL, NFT_MSG, NLM_F } from "./wire.ts";
+import { AttributeTooLongError, cstr, NetlinkWriter, NFNL, NFT_MSG, NLM_F } from "./wire.ts";
 
 /** The parts of an element key or value in the shared containers. */
 type Part = "addr" | "proto" | "port";
@@ -96,9 +98,24 @@ const UDATA_ADDR_SET = new Uint8Array([0, 4, 2, 0, 0, 0]);
 
 /**
  * Encodes a transaction's operations on `family`/`table` as one batch, sequence numbers from `seq`.
- * Null when an operation is not one a partial sync writes in a form known here.
+ * Null when an operation is not one a partial sync writes in a form known here, or does not fit one netlink
+ * message (nft splits such element lists; the transaction goes to nft then).
  */
 export function encodeBatch(
+  family: Family,
+  table: string,
+  ops: readonly Operation[],
+  seq: number,
+): EncodedBatch | null {
+  try {
+    return encode(family, table, ops, seq);
+  } catch (err) {
+    if (err instanceof AttributeTooLongError) return null;
+    throw err;
+  }
+}
+
+function encode(
   family: Family,
   table: string,
   ops: readonly Operation[],
@@ -120,6 +137,17 @@ export function encodeBatch(
   w.end();
   for (const [index, { verb, obj }] of ops.entries()) {
     switch (obj.kind) {
+      case "table": {
+        // `add table ... { comment "..." ; }`, as a full sync's runs ahead start.
+        if (verb !== "add" || obj.flags !== undefined || obj.handle !== undefined) return null;
+        opOfSeq.set(seq, index);
+        w.begin((NFNL.SUBSYS_NFTABLES << 8) | NFT_MSG.NEWTABLE, NLM_F.REQUEST, seq++, fam.nfproto);
+        w.str(1, table);
+        w.u32(2, 0); // NFTA_TABLE_FLAGS
+        if (obj.comment !== undefined) w.attr(6, commentUserdata(obj.comment));
+        w.end();
+        break;
+      }
       case "chain": {
         if (obj.type !== undefined || obj.hook !== undefined || obj.comment !== undefined) return null;
         if (obj.handle !== undefined) return null;
@@ -159,7 +187,29 @@ export function encodeBatch(
         w.end();
         break;
       }
+      case "map":
       case "set": {
+        if (verb === "add" && (obj.kind === "map" || obj.timeout === undefined)) {
+          // A named set or map of the shared layout: `type A . B [: verdict] ; comment "..."`.
+          const decl = declaration(obj.kind === "map", obj);
+          if (decl === null) return null;
+          const id = nextSetId++;
+          createdSets.set(obj.name, id);
+          begin(NFT_MSG.NEWSET, NLM_F.CREATE, index);
+          w.str(2, obj.name);
+          w.u32(3, decl.flags);
+          w.u32(4, decl.keyType);
+          w.u32(5, decl.keyLen);
+          if (decl.verdicts) {
+            w.u32(6, DATA_VERDICT);
+            w.u32(7, 0);
+          }
+          w.u32(10, id);
+          w.attr(13, decl.userdata);
+          w.end();
+          break;
+        }
+        if (obj.kind === "map") return null;
         if (verb === "delete") {
           if (obj.handle !== undefined) return null;
           begin(NFT_MSG.DELSET, 0, index);
@@ -237,6 +287,68 @@ export function encodeBatch(
   return { bytes: w.bytes(), opOfSeq, endSeq: seq };
 }
 
+/** A named set's or map's netlink form: flags, key type and length, whether it maps to verdicts, user data. */
+interface Declaration {
+  flags: number;
+  keyType: number;
+  keyLen: number;
+  verdicts: boolean;
+  userdata: Uint8Array;
+}
+
+/** nft's datatypes of the shared containers' keys: number and size in a key. */
+const KEY_TYPES: Readonly<Record<string, [type: number, len: number]>> = {
+  ipv4_addr: [DATATYPE.IPV4, 4],
+  ipv6_addr: [DATATYPE.IPV6, 16],
+  inet_proto: [DATATYPE.INET_PROTO, 1],
+  inet_service: [DATATYPE.INET_SERVICE, 2],
+};
+
+/** nft's user data of a concatenation ending in inet_service (as it writes it for every such key). */
+const UDATA_CONCAT_SERVICE = new Uint8Array([3, 8, 0, 4, 13, 0, 0, 0, 1, 0]);
+
+/**
+ * The declaration of a named set (`type A[ . B ...]`) or verdict map (`type A[ . B ...] : verdict`) with an
+ * optional comment, as nft 1.0.6 sends it; null for anything else (flags, timeouts, typeof, other types).
+ */
+function declaration(isMap: boolean, obj: NftSet | NftMap): Declaration | null {
+  if (
+    obj.type === undefined || obj.typeof !== undefined || obj.flags !== undefined ||
+    obj.timeout !== undefined ||
+    obj.gcInterval !== undefined || obj.size !== undefined || obj.policy !== undefined ||
+    obj.handle !== undefined ||
+    ("autoMerge" in obj && obj.autoMerge !== undefined)
+  ) {
+    return null;
+  }
+  const [keyText, dataText, extra] = obj.type.split(" : ");
+  if (extra !== undefined || (dataText !== undefined) !== isMap || (isMap && dataText !== "verdict")) {
+    return null;
+  }
+  const parts = keyText.split(" . ").map((p) => KEY_TYPES[p]);
+  if (parts.some((p) => p === undefined)) return null;
+  const concat = parts.length > 1;
+  if (concat && parts.at(-1)![0] !== DATATYPE.INET_SERVICE) return null;
+  if (isMap && !concat) return null;
+  if (!concat && parts[0][0] !== DATATYPE.IPV4 && parts[0][0] !== DATATYPE.IPV6) return null;
+  const udata: Uint8Array[] = [new Uint8Array([0, 4, concat ? 0 : 2, 0, 0, 0])]; // key byte order
+  if (isMap) udata.push(new Uint8Array([1, 4, 0, 0, 0, 0])); // data byte order
+  if (concat) udata.push(UDATA_CONCAT_SERVICE);
+  if (isMap) udata.push(new Uint8Array([6, 4, 0, 0, 0, 0])); // data interval
+  if (obj.comment !== undefined) {
+    const c = commentUserdata(obj.comment);
+    c[0] = 7; // NFTNL_UDATA_SET_COMMENT
+    udata.push(c);
+  }
+  return {
+    flags: isMap ? SET_FLAG.MAP : 0,
+    keyType: parts.reduce((t, p) => (t << 6) | p[0], 0),
+    keyLen: concat ? parts.reduce((n, p) => n + ((p[1] + 3) & ~3), 0) : parts[0][1],
+    verdicts: isMap,
+    userdata: concatBytes(udata),
+  };
+}
+
 /** NEWSET and NEWSETELEM of an anonymous set, before the rule that binds it. */
 function writeAnonSet(
   w: NetlinkWriter,
@@ -253,7 +365,7 @@ function writeAnonSet(
   if (set.dataLen !== undefined) w.u32(7, set.dataLen);
   w.u32(10, set.id);
   w.open(9); // NFTA_SET_DESC
-  w.u32(1, set.elements.length); // NFTA_SET_DESC_SIZE
+  w.u32(1, set.size); // NFTA_SET_DESC_SIZE
   w.close();
   w.attr(13, set.userdata);
   w.end();
@@ -263,6 +375,7 @@ function writeAnonSet(
   w.open(3);
   for (const [k, e] of set.elements.entries()) {
     w.open(k + 1); // nft numbers the list's entries
+    if (e.intervalEnd) w.u32(3, 1); // NFTA_SET_ELEM_FLAGS: NFT_SET_ELEM_INTERVAL_END
     w.open(1);
     w.attr(1, e.key);
     w.close();
@@ -275,6 +388,7 @@ function writeAnonSet(
       w.attr(1, e.data);
       w.close();
     }
+    if (e.userdata !== undefined) w.attr(6, e.userdata);
     w.close();
   }
   w.close();

@@ -9,7 +9,7 @@
  */
 import { NftablesError, type NftErrorCode } from "../errors.ts";
 import type { ListableType, Nftables } from "../interface.ts";
-import type { Element, Family } from "../objects.ts";
+import { type Element, type Family, validateObject, writeObject } from "../objects.ts";
 import type { Operation, Transaction } from "../transaction.ts";
 import { nftablesTransactionsTotal } from "../../../metrics.ts";
 import { encodeBatch } from "./batch.ts";
@@ -61,13 +61,21 @@ export class NetlinkNftables implements Nftables {
   async run(tx: Transaction): Promise<void> {
     if (tx.error) throw tx.error;
     if (tx.numOperations === 0) return;
+    if (!await this.#send(tx.operations, () => tx.lines())) return this.#fallback.run(tx);
+  }
+
+  /**
+   * Sends the operations as one batch when every one encodes; false (nothing sent) when one does not.
+   * @throws {NftablesError} when the kernel refuses the batch (nothing applied)
+   */
+  async #send(ops: readonly Operation[], lines: () => string[]): Promise<boolean> {
     const socket = this.#socket ??= new NetfilterSocket(this.#netns);
-    const batch = encodeBatch(this.family, this.table, tx.operations, socket.nextSeq);
+    const batch = encodeBatch(this.family, this.table, ops, socket.nextSeq);
     const ipFamily = this.family === "ip6" ? "IPv6" : "IPv4";
     if (batch === null) {
       this.counts.nft++;
       nftablesTransactionsTotal.inc({ ip_family: ipFamily, path: "nft" });
-      return this.#fallback.run(tx);
+      return false;
     }
     socket.usedSeq(batch.endSeq);
     this.counts.netlink++;
@@ -87,9 +95,9 @@ export class NetlinkNftables implements Nftables {
         first = { errno: e.errno, op };
       }
     }
-    if (first === undefined) return;
+    if (first === undefined) return true;
     const line = first.op === undefined ? undefined : first.op + 1;
-    const inputLine = first.op === undefined ? undefined : tx.lines()[first.op];
+    const inputLine = first.op === undefined ? undefined : lines()[first.op];
     const where = line !== undefined ? ` (line ${line}: ${inputLine})` : "";
     const more = errors > 1 ? ` (and ${errors - 1} more error(s))` : "";
     throw new NftablesError(`netlink: ${errnoText(first.errno)}${where}${more}`, {
@@ -99,7 +107,26 @@ export class NetlinkNftables implements Nftables {
     });
   }
 
-  runOperations(ops: Iterable<Operation>): Promise<number> {
+  /**
+   * A list of operations (a full sync's run ahead) goes over netlink when every one encodes; a generator (the
+   * full sync's own transaction, produced while it is sent) and anything else to nft.
+   */
+  async runOperations(ops: Iterable<Operation>): Promise<number> {
+    if (Array.isArray(ops)) {
+      const list = ops as readonly Operation[];
+      for (const [n, o] of list.entries()) {
+        // Checked as nft's path checks each operation before anything is sent.
+        const problem = validateObject(o.verb, o.obj, this.family);
+        if (problem !== undefined) {
+          throw new NftablesError(`invalid operation ${n + 1} (${o.verb} ${o.obj.kind}): ${problem}`, {
+            invalid: true,
+          });
+        }
+      }
+      const lines = () => list.map((o) => writeObject(o.verb, o.obj, this.family, this.table));
+      if (list.length > 0 && await this.#send(list, lines)) return 0;
+      return this.#fallback.runOperations(list);
+    }
     this.counts.nft++;
     nftablesTransactionsTotal.inc({ ip_family: this.family === "ip6" ? "IPv6" : "IPv4", path: "nft" });
     return this.#fallback.runOperations(ops);

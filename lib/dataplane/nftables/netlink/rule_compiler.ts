@@ -4,6 +4,7 @@
  * and the transaction that holds it goes to nft instead. The forms:
  *
  * - matches: `fib saddr type local`, `meta l4proto tcp|udp|sctp`, `ip[6] saddr [!=] ADDR[/PREFIX]`,
+ *   `ip[6] saddr [!=] { ADDR[/PREFIX] , ... }` (an anonymous interval set, as loadBalancerSourceRanges),
  *   `ip[6] saddr @SET`, `iifname [!=] NAME` or `iifname [!=] PREFIX*`;
  * - statements: `mark set mark or 0xMASK`, `update @SET { ip[6] saddr }`, `dnat to ADDR:PORT` (`[ADDR6]:PORT`),
  *   `dnat ip[6] addr . port to numgen random mod N map { I : ADDR . PORT , ... }`,
@@ -45,13 +46,24 @@ export const DATATYPE = { INTEGER: 4, IPV4: 7, IPV6: 8, INET_PROTO: 12, INET_SER
 export const DATA_VERDICT = 0xffffff00;
 
 /** Set flags. */
-export const SET_FLAG = { ANONYMOUS: 0x1, CONSTANT: 0x2, MAP: 0x8, TIMEOUT: 0x10, EVAL: 0x20 } as const;
+export const SET_FLAG = {
+  ANONYMOUS: 0x1,
+  CONSTANT: 0x2,
+  INTERVAL: 0x4,
+  MAP: 0x8,
+  TIMEOUT: 0x10,
+  EVAL: 0x20,
+} as const;
 
 /** One element of an anonymous set: its key and, in a map, its data or verdict. */
 export interface AnonElement {
   readonly key: Uint8Array;
   readonly data?: Uint8Array;
   readonly verdict?: Verdict;
+  /** NFT_SET_ELEM_INTERVAL_END: the element ends an interval (interval sets). */
+  readonly intervalEnd?: boolean;
+  /** nft's user data of the element (an interval open to the end of the address space). */
+  readonly userdata?: Uint8Array;
 }
 
 /** An anonymous set a rule creates in the same batch (bound to the rule; gone with it). */
@@ -66,6 +78,8 @@ export interface AnonSet {
   /** nft's user data for the set (byte orders and the like), which `nft list` reads back. */
   readonly userdata: Uint8Array;
   readonly elements: readonly AnonElement[];
+  /** NFTA_SET_DESC_SIZE (nft's count of the set's elements before it merges intervals). */
+  readonly size: number;
 }
 
 /** A compiled rule: its expressions and the anonymous sets to create before it. */
@@ -79,6 +93,13 @@ const hex = (s: string) => new Uint8Array(s.match(/../g)!.map((h) => parseInt(h,
 /** nft's user data of a `numgen ... map { I : ADDR . PORT }` map and of a `numgen ... vmap`. */
 const UDATA_NUMGEN_MAP = hex("000401000000010400000000060400000000");
 const UDATA_NUMGEN_VMAP = hex("00040100000001040000000004080004010000000100060400000000");
+/** nft's user data of an address interval set matched by `ip saddr` / `ip6 saddr` (byte order, merge, typeof). */
+const UDATA_SADDR_INTERVALS = {
+  ip: hex("0004020000000204010000000314000407000000010c00040c00000001040b000000"),
+  ip6: hex("0004020000000204010000000314000407000000010c00040d000000010408000000"),
+} as const;
+/** An interval element's user data: NFTNL_UDATA_SET_ELEM_FLAGS = interval open (it runs to the last address). */
+const UDATA_INTERVAL_OPEN = hex("010401000000");
 
 const PROTOCOLS: Readonly<Record<string, number>> = { tcp: 6, udp: 17, sctp: 132 };
 const IFNAMSIZ = 16;
@@ -221,6 +242,44 @@ export function compileRule(
       const neq = t[j] === "!=";
       if (neq) j++;
       const arg = t[j] ?? "";
+      if (arg === "{") {
+        // `ip saddr [!=] { A , B/N , ... }`: an anonymous interval set.
+        const items: string[] = [];
+        let k = j + 1;
+        for (; k < t.length && t[k] !== "}"; k++) {
+          if ((k - j) % 2 === 0 ? t[k] !== "," : t[k] === ",") return null;
+          if (t[k] !== ",") items.push(t[k]);
+        }
+        if (k >= t.length || items.length === 0) return null;
+        if (items.length === 1) {
+          // nft turns a set of one into a plain match.
+          const match = prefixMatch(items[0], fam, neq ? CMP.NEQ : CMP.EQ);
+          if (match === null) return null;
+          exprs.push(...match);
+          i = k + 1;
+          continue;
+        }
+        const set = intervalElements(items, fam);
+        if (set === null) return null;
+        pendingSets.push((id) => ({
+          name: "__set%d",
+          id,
+          flags: SET_FLAG.ANONYMOUS | SET_FLAG.CONSTANT | SET_FLAG.INTERVAL,
+          keyType: fam.addrType,
+          keyLen: fam.addrLen,
+          userdata: UDATA_SADDR_INTERVALS[fam.keyword],
+          elements: set.elements,
+          size: set.size,
+        }));
+        exprs.push(payload(PAYLOAD_BASE.NETWORK, fam.saddrOffset, fam.addrLen));
+        pendingLookups.push({
+          index: exprs.length,
+          make: (id) => lookup({ name: "__set%d", id }, { inverted: neq }),
+        });
+        exprs.push(null as unknown as Expr);
+        i = k + 1;
+        continue;
+      }
       if (arg.startsWith("@")) {
         if (neq || !SET_NAME.test(arg.slice(1))) return null;
         exprs.push(payload(PAYLOAD_BASE.NETWORK, fam.saddrOffset, fam.addrLen), lookup(ref(arg.slice(1))));
@@ -309,6 +368,7 @@ export function compileRule(
         dataLen,
         userdata: UDATA_NUMGEN_MAP,
         elements,
+        size: elements.length,
       }));
       exprs.push(numgenRandom(n));
       pendingLookups.push({
@@ -343,6 +403,7 @@ export function compileRule(
         dataLen: 0,
         userdata: UDATA_NUMGEN_VMAP,
         elements,
+        size: elements.length,
       }));
       exprs.push(numgenRandom(n));
       pendingLookups.push({
@@ -376,6 +437,70 @@ function verdictAt2(word: string, chain: string): Verdict | null {
 /** A numgen modulus (1 or more), or null. */
 function modulus(s: string | undefined): number | null {
   return s !== undefined && /^[1-9][0-9]{0,8}$/.test(s) ? Number(s) : null;
+}
+
+/** An address or CIDR as the half-open range [start, end) of addresses, or null. */
+function addressRange(item: string, fam: RuleFamily): [bigint, bigint] | null {
+  const slash = item.indexOf("/");
+  const addr = addressBytes(slash < 0 ? item : item.slice(0, slash), fam);
+  const bits = fam.addrLen * 8;
+  const suffix = item.slice(slash + 1);
+  const prefix = slash < 0 ? bits : /^[0-9]{1,3}$/.test(suffix) ? Number(suffix) : -1;
+  if (addr === null || prefix < 0 || prefix > bits) return null;
+  let v = 0n;
+  for (const b of addr) v = (v << 8n) | BigInt(b);
+  const span = 1n << BigInt(bits - prefix);
+  const start = (v / span) * span;
+  return [start, start + span];
+}
+
+/** `v` as `len` bytes in network order. */
+function bigBytes(v: bigint, len: number): Uint8Array {
+  const out = new Uint8Array(len);
+  for (let i = len - 1; i >= 0; i--) {
+    out[i] = Number(v & 0xffn);
+    v >>= 8n;
+  }
+  return out;
+}
+
+/**
+ * The elements of an anonymous interval set of addresses as nft 1.0.6 sends them: overlapping and adjacent
+ * ranges merged, sorted; an interval end at address 0 first unless the first range starts there; each range a
+ * start element and an end element (its first address after), except a range running to the last address,
+ * whose start element says so in its user data. `size`: nft's count before merging (two per range, one more
+ * for the leading end). Null when an item does not parse.
+ */
+function intervalElements(
+  items: readonly string[],
+  fam: RuleFamily,
+): { elements: AnonElement[]; size: number } | null {
+  const ranges: [bigint, bigint][] = [];
+  for (const item of items) {
+    const r = addressRange(item, fam);
+    if (r === null) return null;
+    ranges.push(r);
+  }
+  ranges.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  const merged: [bigint, bigint][] = [];
+  for (const r of ranges) {
+    const last = merged.at(-1);
+    if (last !== undefined && r[0] <= last[1]) {
+      if (r[1] > last[1]) last[1] = r[1];
+    } else merged.push([r[0], r[1]]);
+  }
+  const top = 1n << BigInt(fam.addrLen * 8);
+  const elements: AnonElement[] = [];
+  if (merged[0][0] !== 0n) elements.push({ key: new Uint8Array(fam.addrLen), intervalEnd: true });
+  for (const [start, end] of merged) {
+    if (end === top) {
+      elements.push({ key: bigBytes(start, fam.addrLen), userdata: UDATA_INTERVAL_OPEN });
+    } else {
+      elements.push({ key: bigBytes(start, fam.addrLen) });
+      elements.push({ key: bigBytes(end, fam.addrLen), intervalEnd: true });
+    }
+  }
+  return { elements, size: 2 * merged.length + (merged[0][0] !== 0n ? 1 : 0) };
 }
 
 /**

@@ -45,6 +45,14 @@ export const NFPROTO = { IPV4: 2, IPV6: 10 } as const;
 
 const encoder = new TextEncoder();
 
+/** An attribute longer than netlink's 16-bit length (e.g. a map of thousands of endpoints in one message). */
+export class AttributeTooLongError extends Error {
+  constructor(what: string, bytes: number) {
+    super(`netlink ${what} too long (${bytes} bytes)`);
+    this.name = "AttributeTooLongError";
+  }
+}
+
 /** Bytes of a u32 in network byte order. */
 export function be32(n: number): Uint8Array {
   const b = new Uint8Array(4);
@@ -121,7 +129,7 @@ export class NetlinkWriter {
   /** An attribute with raw bytes. */
   attr(type: number, data: Uint8Array): void {
     const len = 4 + data.length;
-    if (len > 0xffff) throw new Error(`netlink attribute ${type} too long (${data.length} bytes)`);
+    if (len > 0xffff) throw new AttributeTooLongError(`attribute ${type}`, data.length);
     this.#reserve(align4(len));
     this.#view.setUint16(this.#len, len, true);
     this.#view.setUint16(this.#len + 2, type, true);
@@ -158,7 +166,7 @@ export class NetlinkWriter {
     const start = this.#nests.pop();
     if (start === undefined) throw new Error("no nested netlink attribute open");
     const len = this.#len - start;
-    if (len > 0xffff) throw new Error(`nested netlink attribute too long (${len} bytes)`);
+    if (len > 0xffff) throw new AttributeTooLongError("nested attribute", len);
     this.#view.setUint16(start, len, true);
   }
 

@@ -36,10 +36,27 @@ export function shapes(v6: boolean, round: number): ServicePortState[] {
     s({ name: "extip", externalIPs: [v6 ? "fd00:30::5" : "172.31.0.5"] }, 9, eps(1, 50 + d)),
     s({ name: "lb", lbVIPs: [v6 ? "fd00:40::1" : "192.0.2.10"], nodePort: 30104 }, 10, eps(2, 55 + d)),
     s({ name: "terminating" }, 11, eps(2, 60 + d, { ready: false, serving: true, terminating: true })),
+    // loadBalancerSourceRanges: overlapping, adjacent and single-address ranges; ranges from the first and to
+    // the last address.
+    s(
+      { name: "lbsr", lbVIPs: [v6 ? "fd00:40::2" : "192.0.2.11"], sourceRanges: sourceRanges(v6, round) },
+      13,
+      eps(2, 65),
+    ),
   ];
   if (round >= 1) out.push(s({ name: "added", nodePort: 30105 }, 12, eps(4, 70)));
   if (round === 2) out.splice(1, 1); // "many" goes
   return out;
+}
+
+function sourceRanges(v6: boolean, round: number): string[] {
+  if (round === 1) {
+    return v6
+      ? ["2001:db8::/64", "fd00::/9", "fd80::/9", "2001:db8:1::5", "2001:db8::/48"]
+      : ["203.0.113.0/24", "10.0.0.0/9", "10.128.0.0/9", "10.1.2.3", "203.0.0.0/16"];
+  }
+  if (round === 2) return v6 ? ["::/1", "ffff::/16"] : ["0.0.0.0/1", "255.255.255.0/24", "10.0.0.0/8"];
+  return v6 ? ["2001:db8::/32"] : ["198.51.100.0/24"];
 }
 
 export function dataplane(runner: NetnsRunner, family: IPFamily, nftables?: Nftables): NftablesDataplane {
@@ -49,6 +66,8 @@ export function dataplane(runner: NetnsRunner, family: IPFamily, nftables?: Nfta
     localTraffic: { kind: "cidr", cidr: family === "IPv6" ? "fd00:10:244::/56" : "10.244.0.0/16" },
     nodePortAddresses: ["primary"],
     nodeAddresses: [family === "IPv6" ? "fd00:77::1" : "192.168.0.2"],
+    // The first full sync writes runs of 4 new ports ahead of its own transaction (13 ports: three runs).
+    precreatePorts: 4,
     ...(nftables ? { nftables } : {}),
   });
 }
@@ -65,6 +84,7 @@ const ALL = [
   "extip",
   "lb",
   "terminating",
+  "lbsr",
   "added",
 ].map((n) => `nl/${n}`);
 
