@@ -43,6 +43,7 @@ const CONTAINERS: ReadonlyMap<string, readonly Part[]> = new Map<string, readonl
 
 /** A batch ready to send: its bytes and, per message sequence number, the operation (input line) it came from. */
 export interface EncodedBatch {
+  /** The batch (in the writer's buffer when one was passed: valid until it is used again). */
   readonly bytes: Uint8Array;
   /** Sequence number → index of the operation in the transaction (from 0). */
   readonly opOfSeq: ReadonlyMap<number, number>;
@@ -99,16 +100,18 @@ const UDATA_ADDR_SET = new Uint8Array([0, 4, 2, 0, 0, 0]);
 /**
  * Encodes a transaction's operations on `family`/`table` as one batch, sequence numbers from `seq`.
  * Null when an operation is not one a partial sync writes in a form known here, or does not fit one netlink
- * message (nft splits such element lists; the transaction goes to nft then).
+ * message (nft splits such element lists; the transaction goes to nft then). `writer`: a writer to reuse (its
+ * buffer stays allocated between batches instead of a new one per batch).
  */
 export function encodeBatch(
   family: Family,
   table: string,
   ops: readonly Operation[],
   seq: number,
+  writer?: NetlinkWriter,
 ): EncodedBatch | null {
   try {
-    return encode(family, table, ops, seq);
+    return encode(family, table, ops, seq, writer);
   } catch (err) {
     if (err instanceof AttributeTooLongError) return null;
     throw err;
@@ -120,10 +123,12 @@ function encode(
   table: string,
   ops: readonly Operation[],
   seq: number,
+  writer: NetlinkWriter | undefined,
 ): EncodedBatch | null {
   if (family !== "ip" && family !== "ip6") return null;
   const fam = RULE_FAMILY[family];
-  const w = new NetlinkWriter();
+  const w = writer ?? new NetlinkWriter();
+  w.reset();
   const opOfSeq = new Map<number, number>();
   let nextSetId = 1;
   const createdSets = new Map<string, number>();
@@ -284,7 +289,7 @@ function encode(
   }
   w.begin(NFNL.BATCH_END, NLM_F.REQUEST, seq++, 0, NFNL.SUBSYS_NFTABLES);
   w.end();
-  return { bytes: w.bytes(), opOfSeq, endSeq: seq };
+  return { bytes: writer === undefined ? w.bytes() : w.view(), opOfSeq, endSeq: seq };
 }
 
 /** A named set's or map's netlink form: flags, key type and length, whether it maps to verdicts, user data. */

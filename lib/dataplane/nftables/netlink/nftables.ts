@@ -14,7 +14,7 @@ import type { Operation, Transaction } from "../transaction.ts";
 import { nftablesTransactionsTotal } from "../../../metrics.ts";
 import { encodeBatch } from "./batch.ts";
 import { errnoText, NetfilterSocket } from "./socket.ts";
-import { NLMSG, parseError } from "./wire.ts";
+import { NetlinkWriter, NLMSG, parseError } from "./wire.ts";
 
 const CODES: Readonly<Record<number, NftErrorCode>> = { 2: "ENOENT", 17: "EEXIST", 16: "EBUSY" };
 
@@ -32,6 +32,8 @@ export class NetlinkNftables implements Nftables {
   readonly counts: NetlinkCounts = { netlink: 0, nft: 0 };
   readonly #fallback: Nftables;
   #socket: NetfilterSocket | undefined;
+  /** One buffer for every batch (a full sync's runs ahead are about 1 MiB each at 1 000 ports). */
+  readonly #writer = new NetlinkWriter();
 
   readonly #netns: string | undefined;
 
@@ -70,7 +72,7 @@ export class NetlinkNftables implements Nftables {
    */
   async #send(ops: readonly Operation[], lines: () => string[]): Promise<boolean> {
     const socket = this.#socket ??= new NetfilterSocket(this.#netns);
-    const batch = encodeBatch(this.family, this.table, ops, socket.nextSeq);
+    const batch = encodeBatch(this.family, this.table, ops, socket.nextSeq, this.#writer);
     const ipFamily = this.family === "ip6" ? "IPv6" : "IPv4";
     if (batch === null) {
       this.counts.nft++;

@@ -114,6 +114,8 @@ export function errnoText(n: number): string {
 export class NetfilterSocket {
   #fd: number;
   #sndbuf = 0;
+  /** Where replies are read into (one per socket: no 64 KiB of garbage per batch). */
+  readonly #recvBuffer = new Uint8Array(1 << 16);
   #seq = Math.floor(Date.now() / 1000) & 0x7fffffff;
 
   /**
@@ -164,7 +166,7 @@ export class NetfilterSocket {
     w.end();
     await this.#send(w.bytes());
     const replies: NetlinkMessage[] = [];
-    const buf = new Uint8Array(1 << 16);
+    const buf = this.#recvBuffer;
     for (;;) {
       const n = Number(lib().symbols.recv(this.#fd, buf, BigInt(buf.length), MSG_DONTWAIT));
       if (n < 0) {

@@ -174,6 +174,18 @@ export class NetlinkWriter {
   bytes(): Uint8Array {
     return this.#buf.slice(0, this.#len);
   }
+
+  /** The bytes written, in place (valid until the writer is written to or reset). */
+  view(): Uint8Array {
+    return this.#buf.subarray(0, this.#len);
+  }
+
+  /** Empties the writer, keeping its buffer for the next messages. */
+  reset(): void {
+    this.#len = 0;
+    this.#msgStart = -1;
+    this.#nests.length = 0;
+  }
 }
 
 /** One netlink message as read: header fields and the payload after nlmsghdr. */
