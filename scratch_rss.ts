@@ -13,4 +13,9 @@ for (let i = 0; i < 50; i++) {
   await s.exchange(b.bytes);
 }
 const r2 = rss();
-console.log({ start: r0, afterOpen: r1, after50: r2, threads: Deno.readTextFileSync("/proc/self/status").match(/Threads:\s+(\d+)/)![1] });
+console.log({
+  start: r0,
+  afterOpen: r1,
+  after50: r2,
+  threads: Deno.readTextFileSync("/proc/self/status").match(/Threads:\s+(\d+)/)![1],
+});

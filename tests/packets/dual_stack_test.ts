@@ -87,17 +87,24 @@ interface ModeChecks {
   endpointRemoved(sb: Sandbox, ips: Record<string, string>): Promise<void>;
 }
 
-function defineDualStack(mode: "iptables" | "nftables", checks: ModeChecks): void {
+/** `netlink`: nftables mode with `--nftables-netlink` (changes as the agent's own netlink batches). */
+function defineDualStack(mode: "iptables" | "nftables", checks: ModeChecks, netlink = false): void {
   privilegedTest(unavailable[mode], {
     name:
-      `packets (${mode}): dual-stack Service over IPv4 and IPv6 (ClusterIPs, NodePort, per-family endpoints)`,
+      `packets (${mode}${netlink ? ", --nftables-netlink" : ""}): dual-stack Service over IPv4 and IPv6 ` +
+      "(ClusterIPs, NodePort, per-family endpoints)",
     sanitizeResources: false,
     sanitizeOps: false,
-    fn: (t) => runDualStack(t, mode, checks),
+    fn: (t) => runDualStack(t, mode, checks, netlink),
   });
 }
 
-async function runDualStack(t: Deno.TestContext, mode: "iptables" | "nftables", checks: ModeChecks) {
+async function runDualStack(
+  t: Deno.TestContext,
+  mode: "iptables" | "nftables",
+  checks: ModeChecks,
+  netlink: boolean,
+) {
   {
     const sb = await Sandbox.create({ ipv6: true, pods: ["pod-a", "pod-b", "pod-x"] });
     let sim: SimulatorProcess | undefined;
@@ -130,6 +137,7 @@ async function runDualStack(t: Deno.TestContext, mode: "iptables" | "nftables", 
         nodeName: NODE,
         clusterCIDR: "10.244.0.0/16,fd00:10:244::/56",
         mode,
+        ...(netlink ? { extraArgs: ["--nftables-netlink"], extraPermissions: ["--allow-ffi"] } : {}),
       });
       const ips = { a: a.ip, b: b.ip, a6, b6 };
       const [pc, px] = await Promise.all([sb.probe(sb.client), sb.probe(x.ns)]);
@@ -298,7 +306,7 @@ function balancedEndpoints(table: string): string[] {
   return one ? [one[1]] : [];
 }
 
-defineDualStack("nftables", {
+const nftablesChecks: ModeChecks = {
   async rules(sb, ips) {
     const t4 = await nftTable(sb, "ip"), t6 = await nftTable(sb, "ip6");
     assert.match(t6, new RegExp(`${CLUSTER_IP6} \\. tcp \\. 80 : goto service-[A-Z0-9]{8}-dp/ds/tcp/p`));
@@ -314,4 +322,7 @@ defineDualStack("nftables", {
     assert.match(t6, new RegExp(`dnat to \\[${ips.a6}\\]:8080`), "one endpoint: a plain dnat");
     assert.deepEqual(balancedEndpoints(await nftTable(sb, "ip")).sort(), [ips.a, ips.b].sort());
   },
-});
+};
+defineDualStack("nftables", nftablesChecks);
+// The same with the IPv6 endpoint's removal (a partial sync) sent as the agent's own netlink batch.
+defineDualStack("nftables", nftablesChecks, true);

@@ -47,6 +47,8 @@ export interface EncodedBatch {
   readonly bytes: Uint8Array;
   /** Sequence number → index of the operation in the transaction (from 0). */
   readonly opOfSeq: ReadonlyMap<number, number>;
+  /** The sequence number of the batch's first message (the batch begin). */
+  readonly firstSeq: number;
   /** The sequence number after the batch's last message. */
   readonly endSeq: number;
 }
@@ -129,6 +131,7 @@ function encode(
   const fam = RULE_FAMILY[family];
   const w = writer ?? new NetlinkWriter();
   w.reset();
+  const firstSeq = seq;
   const opOfSeq = new Map<number, number>();
   let nextSetId = 1;
   const createdSets = new Map<string, number>();
@@ -289,7 +292,7 @@ function encode(
   }
   w.begin(NFNL.BATCH_END, NLM_F.REQUEST, seq++, 0, NFNL.SUBSYS_NFTABLES);
   w.end();
-  return { bytes: writer === undefined ? w.bytes() : w.view(), opOfSeq, endSeq: seq };
+  return { bytes: writer === undefined ? w.bytes() : w.view(), opOfSeq, firstSeq, endSeq: seq };
 }
 
 /** A named set's or map's netlink form: flags, key type and length, whether it maps to verdicts, user data. */

@@ -88,7 +88,8 @@ export class NetlinkNftables implements Nftables {
     for (const m of replies) {
       if (m.type !== NLMSG.ERROR) continue;
       const e = parseError(m);
-      if (e.errno === 0) continue;
+      // Only this batch's answers (a reply left from an interrupted exchange is not about this batch).
+      if (e.errno === 0 || e.seq < batch.firstSeq || e.seq >= batch.endSeq) continue;
       errors++;
       const op = batch.opOfSeq.get(e.seq);
       // The first failing operation by position (the kernel reports them in batch order; a commit-time failure

@@ -17,6 +17,8 @@ const MSG_DONTWAIT = 0x40;
 const EAGAIN = 11;
 const EINTR = 4;
 const RCVBUF = 1 << 20;
+const SOL_NETLINK = 270;
+const NETLINK_CAP_ACK = 10;
 const O_RDONLY_CLOEXEC = 0o2000000;
 const CLONE_NEWNET = 0x40000000;
 
@@ -128,6 +130,8 @@ export class NetfilterSocket {
     if (fd < 0) throw new NetlinkSocketError("socket", errno());
     this.#fd = fd;
     this.#setBuffer(SO_RCVBUFFORCE, RCVBUF);
+    // Errors carry the failing message's header only, not the whole message (a rule can be tens of KiB).
+    this.#setInt(SOL_NETLINK, NETLINK_CAP_ACK, 1);
   }
 
   /** The next sequence number to use. */
@@ -141,9 +145,13 @@ export class NetfilterSocket {
   }
 
   #setBuffer(opt: number, size: number): void {
+    this.#setInt(SOL_SOCKET, opt, size);
+  }
+
+  #setInt(level: number, opt: number, value: number): void {
     const v = new Uint8Array(4);
-    new DataView(v.buffer).setInt32(0, size, true);
-    if (lib().symbols.setsockopt(this.#fd, SOL_SOCKET, opt, v, 4) < 0) {
+    new DataView(v.buffer).setInt32(0, value, true);
+    if (lib().symbols.setsockopt(this.#fd, level, opt, v, 4) < 0) {
       throw new NetlinkSocketError("setsockopt", errno());
     }
   }
