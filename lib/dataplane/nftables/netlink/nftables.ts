@@ -1,10 +1,10 @@
 /**
  * {@linkcode NetlinkNftables}: the opt-in netlink path (`--nftables-netlink`). A transaction whose every
- * operation `batch.ts` can encode (a partial sync's) is sent to the kernel as one nf_tables batch on the
- * agent's own socket: no nft process, and no cache fetch (nft 1.0.6 reads every set of the table before any
- * `add rule` or `add element`, 85-90 % of a change's cost at 10k Services). Everything else (full syncs, checks,
- * listings, other transactions) goes to the wrapped {@linkcode Nftables}, nft. Errors carry the failing
- * operation's input line and ENOENT/EEXIST/EBUSY as nft's would.
+ * operation `batch.ts` can encode (a partial sync's, a full sync's run ahead) is sent to the kernel as one
+ * nf_tables batch on the agent's own socket: no nft process, and no cache fetch (nft 1.0.6 reads every set of the
+ * table before any `add rule` or `add element`, 85-90 % of a change's cost at 10k Services). Everything else (a
+ * full sync's own transaction, checks, listings, other transactions) goes to the wrapped {@linkcode Nftables},
+ * nft. Errors carry the failing operation's input line and ENOENT/EEXIST/EBUSY as nft's would.
  * @module
  */
 import { NftablesError, type NftErrorCode } from "../errors.ts";
@@ -17,6 +17,9 @@ import { errnoText, NetfilterSocket } from "./socket.ts";
 import { NetlinkWriter, NLMSG, parseError } from "./wire.ts";
 
 const CODES: Readonly<Record<number, NftErrorCode>> = { 2: "ENOENT", 17: "EEXIST", 16: "EBUSY" };
+
+/** The largest write buffer kept between batches. */
+const KEEP_BUFFER_BYTES = 256 * 1024;
 
 /** How many transactions went each way (for the log and the tests). */
 export interface NetlinkCounts {
@@ -32,9 +35,11 @@ export class NetlinkNftables implements Nftables {
   readonly counts: NetlinkCounts = { netlink: 0, nft: 0 };
   readonly #fallback: Nftables;
   #socket: NetfilterSocket | undefined;
-  /** One buffer for every batch (a full sync's runs ahead are about 1 MiB each at 1 000 ports). */
-  readonly #writer = new NetlinkWriter();
-
+  /**
+   * One buffer for the batches (partial syncs: KiB), let go after a large one (a full sync's runs ahead: 1-5 MiB
+   * each at 1 000 ports) so that it is not held for the agent's life.
+   */
+  #writer = new NetlinkWriter();
   readonly #netns: string | undefined;
 
   /**
@@ -83,6 +88,7 @@ export class NetlinkNftables implements Nftables {
     this.counts.netlink++;
     nftablesTransactionsTotal.inc({ ip_family: ipFamily, path: "netlink" });
     const replies = await socket.exchange(batch.bytes);
+    if (this.#writer.capacity > KEEP_BUFFER_BYTES) this.#writer = new NetlinkWriter();
     let first: { errno: number; op?: number } | undefined;
     let errors = 0;
     for (const m of replies) {

@@ -90,6 +90,11 @@ export class NetlinkWriter {
     return this.#len;
   }
 
+  /** Bytes the buffer holds (written or not). */
+  get capacity(): number {
+    return this.#buf.length;
+  }
+
   #reserve(n: number): void {
     if (this.#len + n <= this.#buf.length) return;
     let size = this.#buf.length * 2;
