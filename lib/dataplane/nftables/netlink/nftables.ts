@@ -36,8 +36,9 @@ export class NetlinkNftables implements Nftables {
   readonly #fallback: Nftables;
   #socket: NetfilterSocket | undefined;
   /**
-   * One buffer for the batches (partial syncs: KiB), let go after a large one (a full sync's runs ahead: 1-5 MiB
-   * each at 1 000 ports) so that it is not held for the agent's life.
+   * One buffer for the batches, reused (a full sync's runs ahead are 1-5 MiB each at 1 000 ports: one buffer
+   * grown once, not one per run), and let go when the full sync's own transaction follows them, so that a large
+   * one is not held for the agent's life (partial syncs need KiB).
    */
   #writer = new NetlinkWriter();
   readonly #netns: string | undefined;
@@ -88,7 +89,6 @@ export class NetlinkNftables implements Nftables {
     this.counts.netlink++;
     nftablesTransactionsTotal.inc({ ip_family: ipFamily, path: "netlink" });
     const replies = await socket.exchange(batch.bytes);
-    if (this.#writer.capacity > KEEP_BUFFER_BYTES) this.#writer = new NetlinkWriter();
     let first: { errno: number; op?: number } | undefined;
     let errors = 0;
     for (const m of replies) {
@@ -138,6 +138,7 @@ export class NetlinkNftables implements Nftables {
     }
     this.counts.nft++;
     nftablesTransactionsTotal.inc({ ip_family: this.family === "ip6" ? "IPv6" : "IPv4", path: "nft" });
+    if (this.#writer.capacity > KEEP_BUFFER_BYTES) this.#writer = new NetlinkWriter();
     return this.#fallback.runOperations(ops);
   }
 
