@@ -9,6 +9,7 @@
  * sends; tests/kube/protobuf_real_apiserver_test.ts checks the decoder against it). Prints bytes per event.
  * @module
  */
+import { concatBytes } from "../lib/bytes.ts";
 import { BinaryWriter, WireType } from "@bufbuild/protobuf/wire";
 import { decodeProtobufWatchStream, decodeWatchStream } from "../lib/kube/client.ts";
 
@@ -142,21 +143,11 @@ function protobufFrame(i: number, rv: number): Uint8Array {
   return out;
 }
 
-function concat(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
-  }
-  return out;
-}
-
 const enc = new TextEncoder();
-const JSON_STREAM = concat(
+const JSON_STREAM = concatBytes(
   Array.from({ length: EVENTS }, (_, k) => enc.encode(jsonLine(k % 5000, 1000 + k) + "\n")),
 );
-const PB_STREAM = concat(Array.from({ length: EVENTS }, (_, k) => protobufFrame(k % 5000, 1000 + k)));
+const PB_STREAM = concatBytes(Array.from({ length: EVENTS }, (_, k) => protobufFrame(k % 5000, 1000 + k)));
 console.log(
   `bytes per event: JSON ${(JSON_STREAM.length / EVENTS).toFixed(0)}, protobuf ${
     (PB_STREAM.length / EVENTS).toFixed(0)

@@ -68,7 +68,10 @@ const decoder = new TextDecoder();
 const encoder = new TextEncoder();
 
 /** Feeds a byte stream to `onLine` line by line (a last line without newline included). */
-async function readLines(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void): Promise<void> {
+export async function readLines(
+  stream: ReadableStream<Uint8Array>,
+  onLine: (line: string) => void,
+): Promise<void> {
   const dec = new TextDecoder();
   let buf = "";
   for await (const chunk of stream) {

@@ -33,6 +33,7 @@
  * @module
  */
 import { SimulatorProcess } from "../testkit/apiserver_process.ts";
+import { readLines } from "../lib/exec.ts";
 import { usePrivateXtablesLock } from "../testkit/xtables_lock.ts";
 import type { KubeObject } from "../lib/kube/types.ts";
 import { IpPool, makeNode, makeService, makeSlice, seededRandom } from "./scale_objects.ts";
@@ -561,22 +562,13 @@ async function startMonitor(ns: string): Promise<Monitor> {
     stderr: "null",
   }).spawn();
   const txs: { t: number; text: string }[] = [];
-  const done = (async () => {
-    let buf = "";
-    let cur = "";
-    for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
-      buf += chunk;
-      let nl;
-      while ((nl = buf.indexOf("\n")) >= 0) {
-        const line = buf.slice(0, nl);
-        buf = buf.slice(nl + 1);
-        if (line.startsWith("# new generation")) {
-          txs.push({ t: Date.now(), text: cur });
-          cur = "";
-        } else cur += line + "\n";
-      }
-    }
-  })();
+  let cur = "";
+  const done = readLines(child.stdout, (line) => {
+    if (line.startsWith("# new generation")) {
+      txs.push({ t: Date.now(), text: cur });
+      cur = "";
+    } else cur += line + "\n";
+  });
   // nft monitor first reads the table into its cache (about 4 s of CPU at 10k), and starts that over whenever
   // the ruleset changes meanwhile: probe rarely, waiting longer each time.
   const deadline = Date.now() + 180_000;

@@ -109,3 +109,33 @@ Deno.test("createDataplanes registers the localhost NodePort metrics only with K
   await newNftablesMode().createDataplanes(ctx, ["IPv4"]);
   assert.deepEqual(served(), names, "gate on");
 });
+
+Deno.test("--nftables-netlink: the dataplanes start with a netlink socket and serve the transactions metric", async () => {
+  const metric = "denokubeproxy_nftables_transactions_total";
+  assert.equal(registry.getSingleMetric(metric), undefined, "not served without the flag");
+  const ctx = context(new RecordingCommandRunner(() => undefined));
+  ctx.options.nftablesNetlink = true;
+  const dps = await newNftablesMode().createDataplanes(ctx, ["IPv4", "IPv6"]);
+  assert.deepEqual([...dps.keys()], ["IPv4", "IPv6"]);
+  assert.notEqual(registry.getSingleMetric(metric), undefined);
+});
+
+Deno.test("--nftables-netlink without --allow-ffi stops the start and names the permission", async () => {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-read",
+      "--allow-env",
+      "--allow-run",
+      new URL("netlink/no_ffi_probe.ts", import.meta.url).pathname,
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout);
+  assert.match(
+    text,
+    /--nftables-netlink: cannot open a netlink socket: .*DKP_EXTRA_PERMISSIONS=--allow-ffi/,
+    text,
+  );
+});

@@ -6,6 +6,7 @@
  * makes the whole transaction unencodable (null), and it goes to nft.
  * @module
  */
+import { concatBytes } from "../../../bytes.ts";
 import type { Family, NftMap, NftSet } from "../objects.ts";
 import type { Operation } from "../transaction.ts";
 import { SET } from "../names.ts";
@@ -14,7 +15,6 @@ import {
   addressBytes,
   type AnonSet,
   compileRule,
-  concatBytes,
   DATA_VERDICT,
   DATATYPE,
   portBytes,

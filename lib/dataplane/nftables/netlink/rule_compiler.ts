@@ -12,6 +12,7 @@
  * - verdicts: `goto CHAIN`, `jump CHAIN`, `drop`, `accept`, `return`.
  * @module
  */
+import { concatBytes } from "../../../bytes.ts";
 import { ipValue } from "../../../net/ip.ts";
 import {
   bitwise,
@@ -160,17 +161,6 @@ function pad4(b: Uint8Array): Uint8Array {
   return out;
 }
 
-/** Concatenates byte arrays. */
-export function concatBytes(parts: readonly Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
-  }
-  return out;
-}
-
 /**
  * Compiles one rule (without its comment). `setId` hands out the batch's set IDs; `setIdOf` gives the ID of a
  * named set the same batch creates (undefined for an existing set). Null when the text is not one of the known
@@ -214,6 +204,32 @@ export function compileRule(
       } else cur.push(t[k]);
     }
     return null;
+  };
+
+  // `numgen random mod N` into an anonymous map from 0..N-1 (to endpoints or verdicts), looked up into `dreg`.
+  const numgenMap = (
+    n: number,
+    dataType: number,
+    dataLen: number,
+    userdata: Uint8Array,
+    elements: AnonElement[],
+    dreg: number,
+  ) => {
+    pendingSets.push((id) => ({
+      name: "__map%d",
+      id,
+      flags: SET_FLAG.ANONYMOUS | SET_FLAG.CONSTANT | SET_FLAG.MAP,
+      keyType: DATATYPE.INTEGER,
+      keyLen: 4,
+      dataType,
+      dataLen,
+      userdata,
+      elements,
+      size: elements.length,
+    }));
+    exprs.push(numgenRandom(n));
+    pendingLookups.push({ index: exprs.length, make: (id) => lookup({ name: "__map%d", id }, { dreg }) });
+    exprs.push(null as unknown as Expr);
   };
 
   while (i < t.length) {
@@ -357,25 +373,14 @@ export function compileRule(
         elements.push({ key: hostU32(k), data: concatBytes([addr, pad4(port)]) });
       }
       if (elements.length !== n) return null;
-      const dataLen = fam.addrLen + 4;
-      pendingSets.push((id) => ({
-        name: "__map%d",
-        id,
-        flags: SET_FLAG.ANONYMOUS | SET_FLAG.CONSTANT | SET_FLAG.MAP,
-        keyType: DATATYPE.INTEGER,
-        keyLen: 4,
-        dataType: (fam.addrType << 6) | DATATYPE.INET_SERVICE,
-        dataLen,
-        userdata: UDATA_NUMGEN_MAP,
+      numgenMap(
+        n,
+        (fam.addrType << 6) | DATATYPE.INET_SERVICE,
+        fam.addrLen + 4,
+        UDATA_NUMGEN_MAP,
         elements,
-        size: elements.length,
-      }));
-      exprs.push(numgenRandom(n));
-      pendingLookups.push({
-        index: exprs.length,
-        make: (id) => lookup({ name: "__map%d", id }, { dreg: REG.R1 }),
-      });
-      exprs.push(null as unknown as Expr);
+        REG.R1,
+      );
       exprs.push(dnat(fam.nfproto, REG.R1, concatRegister(fam.addrLen / 4)));
       i = parsed[1];
       continue;
@@ -393,24 +398,7 @@ export function compileRule(
         elements.push({ key: hostU32(k), verdict: v });
       }
       if (elements.length !== n) return null;
-      pendingSets.push((id) => ({
-        name: "__map%d",
-        id,
-        flags: SET_FLAG.ANONYMOUS | SET_FLAG.CONSTANT | SET_FLAG.MAP,
-        keyType: DATATYPE.INTEGER,
-        keyLen: 4,
-        dataType: DATA_VERDICT,
-        dataLen: 0,
-        userdata: UDATA_NUMGEN_VMAP,
-        elements,
-        size: elements.length,
-      }));
-      exprs.push(numgenRandom(n));
-      pendingLookups.push({
-        index: exprs.length,
-        make: (id) => lookup({ name: "__map%d", id }, { dreg: REG.VERDICT }),
-      });
-      exprs.push(null as unknown as Expr);
+      numgenMap(n, DATA_VERDICT, 0, UDATA_NUMGEN_VMAP, elements, REG.VERDICT);
       i = parsed[1];
       continue;
     }

@@ -1,5 +1,5 @@
 /**
- * Run by mode_flag_test.ts without `--allow-ffi`: creates the nftables dataplanes with `--nftables-netlink` and
+ * Run by ../mode_test.ts without `--allow-ffi`: creates the nftables dataplanes with `--nftables-netlink` and
  * prints the error the start stops with.
  * @module
  */
