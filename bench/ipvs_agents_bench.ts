@@ -24,6 +24,9 @@
  *   upstream: `syncProxyRules complete`, -v=4, written at the end of its full sync). The log line comes after
  *   the kernel write, so the figure is an upper bound, the same way for both.
  * - VmRSS / VmHWM of the agent at the end, and for ours the per-sync generate / apply / bytes of the log line.
+ * - With `--memory-detail`: what that RSS is made of ({@linkcode rssComposition} of `/proc/PID/smaps`) and the
+ *   runtime's own heap figures from the agent's `/metrics` (ours: V8 heap used / total; upstream: Go heap in
+ *   use / from the OS), read at the end and again after 60 s without changes.
  *
  * Prints markdown rows; `--json FILE` writes the raw figures.
  * @module
@@ -48,10 +51,19 @@ interface Options {
   json?: string;
   /** Directory for each agent's log (`<agent>-<n>.log`, one JSON record per line). */
   logs?: string;
+  /** Report what the RSS is made of (`--memory-detail`). */
+  memoryDetail: boolean;
 }
 
 function parseArgs(args: string[]): Options {
-  const o: Options = { sizes: [1000], agents: ["ours", "upstream"], changes: 5, pollS: 1, timeoutS: 3600 };
+  const o: Options = {
+    sizes: [1000],
+    agents: ["ours", "upstream"],
+    changes: 5,
+    pollS: 1,
+    timeoutS: 3600,
+    memoryDetail: false,
+  };
   for (let i = 0; i < args.length; i++) {
     const v = args[i + 1];
     switch (args[i]) {
@@ -82,6 +94,9 @@ function parseArgs(args: string[]): Options {
       case "--logs":
         o.logs = v;
         i++;
+        break;
+      case "--memory-detail":
+        o.memoryDetail = true;
         break;
       default:
         throw new Error(`unknown argument ${args[i]}`);
@@ -187,6 +202,66 @@ class Agent {
   }
 }
 
+/** Resident MiB of one process by kind of mapping (`/proc/PID/smaps`). */
+export interface RssComposition {
+  /** File-backed pages: the executable, shared libraries, caches mapped from files. */
+  file: number;
+  /** `[heap]`: the main thread's malloc arena (brk). */
+  brk: number;
+  /**
+   * Anonymous mappings of at most 256 KiB: V8 reserves its regular heap pages as 256 KiB chunks (most of the
+   * V8 heap of ours; the Go runtime maps its heap in 64 MiB arenas, so upstream has few of these).
+   */
+  anonSmall: number;
+  /** Larger anonymous mappings: other threads' malloc arenas, large objects, the Go heap's arenas, stacks. */
+  anonLarge: number;
+  /** The whole resident set (the sum of the four). */
+  total: number;
+}
+
+/** Sums the `Rss:` lines of `/proc/PID/smaps` by {@linkcode RssComposition} kind. */
+export function rssComposition(smaps: string): RssComposition {
+  const c: RssComposition = { file: 0, brk: 0, anonSmall: 0, anonLarge: 0, total: 0 };
+  let kind: keyof RssComposition | null = null;
+  for (const line of smaps.split("\n")) {
+    const head = /^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ (\d+)\s*(.*)$/.exec(line);
+    if (head) {
+      const kib = (parseInt(head[2], 16) - parseInt(head[1], 16)) / 1024;
+      const name = head[4];
+      kind = name === "[heap]"
+        ? "brk"
+        : head[3] !== "0" || name.startsWith("/")
+        ? "file"
+        : kib <= 256
+        ? "anonSmall"
+        : "anonLarge";
+      continue;
+    }
+    const rss = /^Rss:\s+(\d+) kB/.exec(line);
+    if (rss && kind) {
+      c[kind] += Number(rss[1]) / 1024;
+      c.total += Number(rss[1]) / 1024;
+    }
+  }
+  return c;
+}
+
+/** The runtime's heap figures in MiB from the agent's `/metrics` (scraped inside its namespace). */
+async function runtimeHeap(ns: NodeNamespace, agent: Options["agents"][number]): Promise<string> {
+  const text = await ns.exec("busybox", ["wget", "-qO-", "http://127.0.0.1:10249/metrics"]).catch(() => "");
+  const g = (name: string) => {
+    const v = Number(new RegExp(`^${name} (\\S+)$`, "m").exec(text)?.[1] ?? NaN);
+    return (v / 1048576).toFixed(1);
+  };
+  return agent === "ours"
+    ? `V8 heap used / total ${g("denokubeproxy_v8_heap_used_bytes")} / ${
+      g("denokubeproxy_v8_heap_total_bytes")
+    }`
+    : `Go heap in use / from the OS ${g("go_memstats_heap_inuse_bytes")} / ${
+      g("go_memstats_heap_sys_bytes")
+    }`;
+}
+
 /** The log line that ends a sync, per agent. */
 const SYNC_DONE: Record<Options["agents"][number], (r: Record<string, unknown>) => boolean> = {
   // The ipvs dataplane's line (after the kernel programs ran), IPv4.
@@ -239,6 +314,8 @@ interface RunFigures {
   changes: { ms: number; verified: boolean; generateMs?: number; applyMs?: number; bytes?: number }[];
   rssMiB: number;
   hwmMiB: number;
+  /** With `--memory-detail`: the composition and heap figures at the end and 60 s later. */
+  memory?: { label: string; rss: RssComposition; heap: string }[];
 }
 
 async function runOne(agent: Options["agents"][number], n: number, o: Options): Promise<RunFigures> {
@@ -329,6 +406,12 @@ async function runOne(agent: Options["agents"][number], n: number, o: Options): 
       await new Promise((r) => setTimeout(r, agent === "ours" ? 1500 : 3000));
     }
     const mem = proc.memory();
+    const memory: RunFigures["memory"] = [];
+    for (const label of o.memoryDetail ? ["at the end", "60 s later"] : []) {
+      if (label !== "at the end") await new Promise((r) => setTimeout(r, 60_000));
+      const rss = rssComposition(Deno.readTextFileSync(`/proc/${proc.child.pid}/smaps`));
+      memory.push({ label, rss, heap: await runtimeHeap(ns, agent) });
+    }
     return {
       agent,
       n,
@@ -338,6 +421,7 @@ async function runOne(agent: Options["agents"][number], n: number, o: Options): 
       changes,
       rssMiB: mem.rssMiB,
       hwmMiB: mem.hwmMiB,
+      ...(o.memoryDetail ? { memory } : {}),
     };
   } finally {
     await proc?.stop();
@@ -387,6 +471,23 @@ if (import.meta.main) {
         unverified ? `, ${unverified} never visible` : ""
       }) | ${Math.round(f.rssMiB)} / ${Math.round(f.hwmMiB)} |`,
     );
+  }
+  if (o.memoryDetail) {
+    console.log(
+      "\n| services × 10 | agent | when | RSS | file-backed | [heap] (main malloc) | anonymous ≤ 256 KiB | larger anonymous | the runtime's heap (MiB) |",
+    );
+    console.log("|---|---|---|---|---|---|---|---|---|");
+    for (const f of all) {
+      for (const m of f.memory ?? []) {
+        const r = m.rss;
+        const x = (v: number) => v.toFixed(1);
+        console.log(
+          `| ${f.n} | ${f.agent} | ${m.label} | ${x(r.total)} | ${x(r.file)} | ${x(r.brk)} | ${
+            x(r.anonSmall)
+          } | ${x(r.anonLarge)} | ${m.heap} |`,
+        );
+      }
+    }
   }
   for (const n of o.sizes) {
     const ours = all.find((f) => f.n === n && f.agent === "ours");
