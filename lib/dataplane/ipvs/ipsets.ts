@@ -179,23 +179,42 @@ export interface SavedSet {
   readonly entries: Set<string>;
 }
 
-/** Parses `ipset save` output (every set on the host; callers pick theirs). */
-export function parseIpsetSave(text: string): Map<string, SavedSet> {
-  const out = new Map<string, SavedSet>();
-  for (const line of text.split("\n")) {
+/**
+ * Reads `ipset save` line by line: feed every line to `line`, then take `result`. With `names`, only those sets
+ * are kept (the host's other sets and the other family's are skipped as they are read).
+ */
+export class IpsetSaveReader {
+  /** Sets read so far, by name. */
+  readonly result = new Map<string, SavedSet>();
+
+  constructor(private readonly names?: ReadonlySet<string>) {}
+
+  /** Takes one line of the output. */
+  readonly line = (line: string): void => {
     if (line.startsWith("add ")) {
       const sp = line.indexOf(" ", 4);
-      if (sp < 0) continue;
-      const set = out.get(line.slice(4, sp));
-      if (!set) continue;
+      if (sp < 0) return;
+      const set = this.result.get(line.slice(4, sp));
+      if (!set) return;
       // Entries may carry options (timeout, comment): the element is the first word.
       const rest = line.slice(sp + 1);
       const end = rest.indexOf(" ");
       set.entries.add(end < 0 ? rest : rest.slice(0, end));
     } else if (line.startsWith("create ")) {
       const parts = line.split(" ");
-      out.set(parts[1], { type: parts[2] ?? "", options: parts.slice(3).join(" "), entries: new Set() });
+      if (this.names && !this.names.has(parts[1])) return;
+      this.result.set(parts[1], {
+        type: parts[2] ?? "",
+        options: parts.slice(3).join(" "),
+        entries: new Set(),
+      });
     }
-  }
-  return out;
+  };
+}
+
+/** Parses `ipset save` output (every set on the host; callers pick theirs). */
+export function parseIpsetSave(text: string): Map<string, SavedSet> {
+  const r = new IpsetSaveReader();
+  for (const line of text.split("\n")) r.line(line);
+  return r.result;
 }

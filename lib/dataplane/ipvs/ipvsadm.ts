@@ -7,7 +7,7 @@
  * `-u [fd00::1]:53`, `--sctp-service 10.0.0.1:80`.
  * @module
  */
-import { joinHostPort, parseIP } from "../../net/ip.ts";
+import { type IPFamily, joinHostPort, parseIP } from "../../net/ip.ts";
 import type { Protocol } from "../../proxy/types.ts";
 
 /** The address the start-up probe uses for its dummy virtual server (TEST-NET-2, as upstream). */
@@ -83,17 +83,25 @@ function canonicalHostPort(hp: string): string {
 }
 
 /**
- * Parses `ipvsadm -S -n`. Firewall-mark services (`-f`) are skipped: kube-proxy never creates them. Unknown
- * options are ignored.
+ * Reads `ipvsadm -S -n` line by line (so that a table of 100k real servers is never held as one text): feed
+ * every line to `line`, then take `result`. With `family`, virtual servers of the other family and their real
+ * servers are skipped as they are read. Firewall-mark services (`-f`) are skipped: kube-proxy never creates
+ * them. Unknown options are ignored.
  */
-export function parseIpvsadmSave(text: string): Map<string, KernelVirtualServer> {
-  const out = new Map<string, KernelVirtualServer>();
-  for (const line of text.split("\n")) {
+export class IpvsadmSaveReader {
+  /** Virtual servers read so far, by key. */
+  readonly result = new Map<string, KernelVirtualServer>();
+
+  constructor(private readonly family?: IPFamily) {}
+
+  /** Takes one line of the output (with or without its newline). */
+  readonly line = (line: string): void => {
     const w = line.trim().split(/\s+/);
-    if (w.length < 3) continue;
+    if (w.length < 3) return;
     const op = w[0];
-    if (op !== "-A" && op !== "-a") continue;
-    if (w[1] !== "-t" && w[1] !== "-u" && w[1] !== "--sctp-service") continue;
+    if (op !== "-A" && op !== "-a") return;
+    if (w[1] !== "-t" && w[1] !== "-u" && w[1] !== "--sctp-service") return;
+    if (this.family && (w[2].startsWith("[") ? "IPv6" : "IPv4") !== this.family) return;
     const key = `${w[1]} ${canonicalHostPort(w[2])}`;
     if (op === "-A") {
       let scheduler = "", persistence = 0, flags = "";
@@ -102,10 +110,10 @@ export function parseIpvsadmSave(text: string): Map<string, KernelVirtualServer>
         else if (w[i] === "-p") persistence = Number(w[++i] ?? 0);
         else if (w[i] === "-b") flags = w[++i] ?? "";
       }
-      out.set(key, { def: { scheduler, persistence, flags }, reals: new Map() });
+      this.result.set(key, { def: { scheduler, persistence, flags }, reals: new Map() });
     } else {
-      const vs = out.get(key);
-      if (!vs) continue;
+      const vs = this.result.get(key);
+      if (!vs) return;
       let rs = "", weight = 1;
       for (let i = 3; i < w.length; i++) {
         if (w[i] === "-r") rs = canonicalHostPort(w[++i] ?? "");
@@ -113,8 +121,14 @@ export function parseIpvsadmSave(text: string): Map<string, KernelVirtualServer>
       }
       if (rs !== "") vs.reals.set(rs, weight);
     }
-  }
-  return out;
+  };
+}
+
+/** Parses the whole text of `ipvsadm -S -n` (every family): {@linkcode IpvsadmSaveReader} fed line by line. */
+export function parseIpvsadmSave(text: string): Map<string, KernelVirtualServer> {
+  const r = new IpvsadmSaveReader();
+  for (const line of text.split("\n")) r.line(line);
+  return r.result;
 }
 
 /** Connection counters of one real server (`ipvsadm -L -n`). */

@@ -4,13 +4,13 @@
  * @module
  */
 import type { CommandRunner } from "../../exec.ts";
-import { familyOf, type IPFamily } from "../../net/ip.ts";
+import type { IPFamily } from "../../net/ip.ts";
 import { missingJumpLines, parseSavedTable } from "../iptables_jumps.ts";
 import { parseLocalAddresses } from "./addresses.ts";
-import { parseIpsetSave, SET_DEFS, setName } from "./ipsets.ts";
+import { IpsetSaveReader, SET_DEFS, setName } from "./ipsets.ts";
 import { IPVS_JUMP_RULES } from "./iptables_rules.ts";
-import { keyAddress, parseIpvsadmSave } from "./ipvsadm.ts";
-import { KERNEL_COMMAND_TIMEOUT_MS, type KernelModel, type ModelVirtualServer } from "./kernel_model.ts";
+import { IpvsadmSaveReader } from "./ipvsadm.ts";
+import { KERNEL_COMMAND_TIMEOUT_MS, type KernelModel } from "./kernel_model.ts";
 
 /** The jump rules into the mode's chains that nat and filter lack, as iptables-restore lines of each table. */
 export interface MissingJumps {
@@ -35,14 +35,26 @@ export async function readKernel(
   kernel.addrs = addrs.dummy;
   kernel.nodeAddresses = addrs.others;
 
-  const v = await runner.run({ cmd: "ipvsadm", args: ["-S", "-n"], timeoutMs: KERNEL_COMMAND_TIMEOUT_MS });
-  kernel.virtualServers = new Map<string, ModelVirtualServer>();
-  for (const [key, vs] of parseIpvsadmSave(v.stdout)) {
-    if (familyOf(keyAddress(key)) === family) kernel.virtualServers.set(key, vs);
-  }
+  // Both are read line by line, this family's part only: at 10k Services the IPVS table's text is ~7 MB and
+  // the other family's sync would otherwise parse all of it to keep nothing.
+  const v = new IpvsadmSaveReader(family);
+  await runner.run({
+    cmd: "ipvsadm",
+    args: ["-S", "-n"],
+    timeoutMs: KERNEL_COMMAND_TIMEOUT_MS,
+    stdoutLines: v.line,
+  });
+  kernel.virtualServers = v.result;
 
-  const s = await runner.run({ cmd: "ipset", args: ["save"], timeoutMs: KERNEL_COMMAND_TIMEOUT_MS });
-  const saved = parseIpsetSave(s.stdout);
+  const names = new Set(SET_DEFS.map((d) => setName(d.key, family)));
+  const s = new IpsetSaveReader(names);
+  await runner.run({
+    cmd: "ipset",
+    args: ["save"],
+    timeoutMs: KERNEL_COMMAND_TIMEOUT_MS,
+    stdoutLines: s.line,
+  });
+  const saved = s.result;
   kernel.sets = new Map();
   for (const d of SET_DEFS) {
     kernel.sets.set(d.key, saved.get(setName(d.key, family))?.entries ?? new Set());
